@@ -1,0 +1,48 @@
+# uffd-wp: userfaultfd write-protection, built on Debian's linux-source-6.12,
+# tested in QEMU.  `make help` lists the targets.
+
+LANES ?= x86_64
+LANE  ?= $(firstword $(LANES))
+PROG  ?=
+ARGS  ?=
+
+.PHONY: all check demo run kernel kernel-tree export-patches help clean
+
+all: check
+
+## check: install what is missing, check the series, build/boot/test LANES
+check:
+	@scripts/check.sh $(LANES)
+
+## demo: boot the patched kernel and show uffd-wp catching writes
+demo:
+	@scripts/deps.sh
+	@scripts/lane.sh demo $(LANE)
+
+## run: boot LANE with PROG (static binary) as the only test, ARGS for it
+run:
+	@test -n "$(PROG)" || { echo "usage: make run LANE=x86_64 PROG=path/to/static-binary [ARGS=...]"; exit 2; }
+	@scripts/deps.sh
+	@scripts/lane.sh run $(LANE) $(abspath $(PROG)) $(ARGS)
+
+## kernel: build LANE's kernel only and print its object directory
+kernel:
+	@scripts/deps.sh
+	@scripts/build-kernel.sh $(LANE)
+
+## kernel-tree: a git checkout of the patched tree in build/linux to edit
+kernel-tree:
+	@scripts/deps.sh
+	@scripts/kernel-tree.sh
+
+## export-patches: regenerate kernel/patches and kernel/series from build/linux
+export-patches:
+	@scripts/export-patches.sh
+
+## help: this list
+help:
+	@sed -n 's/^## //p' Makefile
+
+## clean: remove build/ (the kernel cache outside the clone stays)
+clean:
+	rm -rf build

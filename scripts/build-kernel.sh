@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# build-kernel.sh LANE: build the lane's kernel (if not built yet) and print
+# the object directory.  The object directory is keyed by the tree (version +
+# series) and the lane's configuration, so an existing one is complete and
+# nothing is rebuilt.  ccache makes a new key cheap when little changed.
+. "$(dirname "$0")/lib.sh"
+load_lane "$1"
+
+tree=$("$TOP/scripts/tree.sh" "$TOP/$SERIES")
+frags=()
+for f in $FRAGMENTS; do
+	[ -f "$TOP/kernel/configs/$f.config" ] || die "lane $LANE: no fragment kernel/configs/$f.config"
+	frags+=("$TOP/kernel/configs/$f.config")
+done
+cc="${CROSS_COMPILE}gcc"
+command -v "$cc" >/dev/null || die "lane $LANE needs $cc (run scripts/deps.sh)"
+confkey=$({
+	echo "$ARCH $KARCH $BASE_CONFIG $CROSS_COMPILE"
+	"$cc" --version | head -1
+	cat "${frags[@]}"
+} | key_of)
+obj=$CACHE/obj/$(basename "$tree")-$LANE-$confkey
+kmake=(make -C "$tree" O="$obj" ARCH="$KARCH" CROSS_COMPILE="$CROSS_COMPILE"
+       CC="ccache ${cc}" HOSTCC="ccache gcc" -s)
+export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache} CCACHE_BASEDIR=$CACHE
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G} CCACHE_NOHASHDIR=1
+export KBUILD_BUILD_TIMESTAMP="uffdwp" KBUILD_BUILD_USER=uffdwp KBUILD_BUILD_HOST=uffdwp
+
+if [ -f "$obj/.uffdwp-built" ]; then
+	step "kernel $LANE: up to date ($obj)"
+	echo "$obj"
+	exit 0
+fi
+
+rm -rf "$obj"
+mkdir -p "$obj"
+step "kernel $LANE: configuring ($BASE_CONFIG + $FRAGMENTS)"
+"${kmake[@]}" "$BASE_CONFIG" >"$obj/config.log" 2>&1
+KCONFIG_CONFIG="$obj/.config" "$tree/scripts/kconfig/merge_config.sh" -m -O "$obj" \
+	"$obj/.config" "${frags[@]}" >>"$obj/config.log" 2>&1
+"${kmake[@]}" olddefconfig >>"$obj/config.log" 2>&1
+
+# Every option a fragment asks for must survive olddefconfig; a silently
+# dropped option (unmet dependency) would make a lane test less than it says.
+bad=0
+while IFS= read -r line; do
+	case "$line" in
+	CONFIG_*=*) want=$line ;;
+	"# CONFIG_"*" is not set") want=$line ;;
+	*) continue ;;
+	esac
+	opt=${want#\# }; opt=${opt%%[= ]*}
+	if [[ $want == *"is not set" ]]; then
+		grep -q "^$opt=" "$obj/.config" && { echo "  $opt: wanted off, got $(grep "^$opt=" "$obj/.config")" >&2; bad=1; }
+	else
+		grep -qx "$want" "$obj/.config" || { echo "  $opt: wanted ${want#*=}, got $(grep -E "^$opt=|^# $opt is" "$obj/.config" || echo unset)" >&2; bad=1; }
+	fi
+done < <(cat "${frags[@]}")
+[ $bad -eq 0 ] || die "lane $LANE: config fragment options were not applied (see above)"
+
+step "kernel $LANE: building in $obj"
+log=$obj/build.log
+start=$(date +%s)
+"${kmake[@]}" -j"$(($(nproc) + 1))" >"$log" 2>&1 &
+pid=$!
+while kill -0 $pid 2>/dev/null; do
+	sleep 15
+	kill -0 $pid 2>/dev/null || break
+	n=$(find "$obj" -name '*.o' -newer "$obj/.config" 2>/dev/null | wc -l)
+	step "kernel $LANE: building, $n objects so far, $(($(date +%s) - start))s"
+done
+if ! wait $pid; then
+	tail -40 "$log" >&2
+	die "kernel $LANE: build failed (full log: $log)"
+fi
+"${kmake[@]}" headers_install INSTALL_HDR_PATH="$obj/uapi" >>"$log" 2>&1
+[ -f "$obj/$KERNEL_IMAGE" ] || die "kernel $LANE: no $KERNEL_IMAGE after the build"
+touch "$obj/.uffdwp-built"
+step "kernel $LANE: built in $(($(date +%s) - start))s"
+echo "$obj"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# check.sh LANE...: everything `make check` does.  Installs what is missing,
+# checks the series, then builds, boots and tests each lane in turn (a lane
+# that fails does not stop the others) and ends with the line
+#   N passed, N failed, N skipped
+# counted over build/results/series.tap and each lane's TAP.
+. "$(dirname "$0")/lib.sh"
+[ $# -gt 0 ] || set -- x86_64
+results=$BUILD/results
+mkdir -p "$results"
+
+"$TOP/scripts/deps.sh"
+step "series: apply and checkpatch"
+rm -f "$results/series.tap"
+"$TOP/scripts/check-series.sh" "$results/series.tap" || true
+taps=("$results/series.tap")
+for lane in "$@"; do
+	load_lane "$lane" >/dev/null
+	rm -f "$results/$lane.tap" "$results/$lane.console"
+	step "lane $lane"
+	if ! "$TOP/scripts/lane.sh" check "$lane" && [ ! -s "$results/$lane.tap" ]; then
+		printf 'TAP version 13\n1..1\nnot ok 1 kernel/build # lane %s did not get to boot (see above)\n' \
+			"$lane" >"$results/$lane.tap"
+	fi
+	taps+=("$results/$lane.tap")
+done
+awk '/^ok .*# SKIP/ { s++; next } /^ok / { p++ } /^not ok/ { f++ }
+	END { printf "%d passed, %d failed, %d skipped\n", p, f, s; exit f > 0 }' "${taps[@]}"

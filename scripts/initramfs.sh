@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# initramfs.sh GUESTDIR PLAN OUT [EXTRA_BIN...]: pack PID 1, the binaries of
+# GUESTDIR/bin (plus any EXTRA_BIN) and PLAN (as /plan) into a newc cpio.
+. "$(dirname "$0")/lib.sh"
+guest=$1 plan=$2 out=$3
+shift 3
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage"/{bin,dev,proc,sys,tmp,mnt/huge}
+cp "$guest/init" "$stage/init"
+cp "$guest"/bin/* "$stage/bin/"
+for b in "$@"; do
+	cp "$b" "$stage/bin/"
+done
+cp "$plan" "$stage/plan"
+(cd "$stage" && find . | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"$out.tmp"
+mv "$out.tmp" "$out"

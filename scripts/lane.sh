@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# lane.sh check LANE            build, boot and test one lane; results in
+#                               build/results/LANE.{tap,console}
+# lane.sh run LANE PROG [ARGS]  boot LANE with PROG (a static binary) as the
+#                               only test; exit with PROG's status
+# lane.sh demo LANE             boot LANE and run the demo, console on screen
+. "$(dirname "$0")/lib.sh"
+mode=$1 lane=$2
+shift 2
+load_lane "$lane"
+results=$BUILD/results
+mkdir -p "$results"
+
+obj=$("$TOP/scripts/build-kernel.sh" "$lane")
+if [ "$mode" = run ]; then
+	# Only PID 1: a half-written test elsewhere must not stop `make run`.
+	guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj" init)
+else
+	guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj")
+fi
+
+plan_timeout() {
+	awk '!/^[[:space:]]*(#|$)/ { t += $3 } END { print t + 0 }' "$1"
+}
+
+case $mode in
+check)
+	plan=$TOP/guest/plans/$PLAN.plan
+	[ -f "$plan" ] || die "lane $lane: no plan $plan"
+	initrd=$guest/check.cpio
+	"$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"
+	console=$results/$lane.console
+	"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" \
+		"$(($(plan_timeout "$plan") + ${BOOT_MARGIN_S:-120}))"
+	rc=0
+	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/$lane.tap" || rc=$?
+	awk -v lane="$lane" '/^ok .*# SKIP/ { s++; next } /^ok / { p++ } /^not ok/ { f++; print "  " $0 }
+		END { printf "lane %s: %d passed, %d failed, %d skipped\n", lane, p, f, s }' \
+		"$results/$lane.tap" >&2
+	exit $rc
+	;;
+run | demo)
+	if [ "$mode" = demo ]; then
+		prog=$guest/bin/catch-writes
+	else
+		prog=${1:?usage: lane.sh run LANE PROG [ARGS...]}
+		shift
+		[ -f "$prog" ] || die "PROG $prog does not exist"
+		file -L "$prog" 2>/dev/null | grep -q 'statically linked' ||
+			step "warning: $prog does not look statically linked; the guest has no libc"
+	fi
+	name=$(basename "$prog")
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	echo "run/$name exit ${RUN_TIMEOUT_S:-600} /bin/$name $*" >"$tmp/plan"
+	mkdir -p "$tmp/guest/bin"
+	cp "$guest/init" "$tmp/guest/init"
+	initrd=$tmp/run.cpio
+	"$TOP/scripts/initramfs.sh" "$tmp/guest" "$tmp/plan" "$initrd" "$prog"
+	console=$results/$lane-$mode-$name.console
+	"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" \
+		"$((${RUN_TIMEOUT_S:-600} + ${BOOT_MARGIN_S:-120}))" 1
+	end=$(grep -a "^@@END run/$name " "$console" | tail -1 || true)
+	if grep -aqE 'BUG:|WARNING:|Oops|Kernel panic|KASAN:' "$console"; then
+		step "warning: kernel reports in the console ($console)"
+	fi
+	case $end in
+	*" exit="*) code=${end#* exit=}; code=${code%% *}
+		step "$name exited with status $code"; exit "$code" ;;
+	"") step "$name did not finish (see $console)"; exit 125 ;;
+	*) step "$name: ${end#* run/"$name" }"; exit 125 ;;
+	esac
+	;;
+*) die "usage: lane.sh check|run|demo LANE ..." ;;
+esac

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * tap.h: the few TAP helpers our guest test programs share.
+ *
+ * Each program prints "1..N" first, then one line per case.  Output goes
+ * straight to fd 1 with one write per line, so lines stay whole across
+ * fork() and threads.  A case that cannot run for a reason outside the code
+ * under test is a skip and must say why; a case whose behaviour is wrong is
+ * "not ok" with the evidence in the diagnostic.
+ */
+#ifndef UFFDWP_TESTS_TAP_H
+#define UFFDWP_TESTS_TAP_H
+
+#include <stdbool.h>
+
+void tap_plan(int n);
+/* Report one case.  The diagnostic (printf-style) is shown only on failure. */
+bool tap_check(bool ok, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+void tap_pass(const char *name);
+void tap_fail(const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+void tap_skip(const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* A "# ..." comment line. */
+void tap_diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Exit status for main(): 0 when every reported case passed or skipped and
+ * the count matches the plan, 1 otherwise. */
+int tap_done(void);
+/* Give up: report the remaining planned cases as failed and exit. */
+void tap_bail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+#endif

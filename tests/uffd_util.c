@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: GPL-2.0
+/* uffd_util.c: see uffd_util.h. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "uffd_util.h"
+
+long page_size(void)
+{
+	static long psz;
+
+	if (!psz)
+		psz = sysconf(_SC_PAGESIZE);
+	return psz;
+}
+
+static int ioc(int fd, unsigned long req, void *arg)
+{
+	return ioctl(fd, req, arg) ? -errno : 0;
+}
+
+int uffd_open_flags(int flags, uint64_t features, uint64_t *got)
+{
+	struct uffdio_api api = { .api = UFFD_API, .features = features };
+	int fd = syscall(SYS_userfaultfd, flags), err;
+
+	if (fd < 0)
+		return -errno;
+	err = ioc(fd, UFFDIO_API, &api);
+	if (err) {
+		close(fd);
+		return err;
+	}
+	if (got)
+		*got = api.features;
+	return fd;
+}
+
+int uffd_open(uint64_t features, uint64_t *got)
+{
+	return uffd_open_flags(O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY,
+			       features, got);
+}
+
+int uffd_register(int uffd, void *addr, size_t len, uint64_t mode,
+		  uint64_t *ioctls)
+{
+	struct uffdio_register r = {
+		.range = { .start = (uintptr_t)addr, .len = len },
+		.mode = mode,
+	};
+	int err = ioc(uffd, UFFDIO_REGISTER, &r);
+
+	if (!err && ioctls)
+		*ioctls = r.ioctls;
+	return err;
+}
+
+int uffd_unregister(int uffd, void *addr, size_t len)
+{
+	struct uffdio_range r = { .start = (uintptr_t)addr, .len = len };
+
+	return ioc(uffd, UFFDIO_UNREGISTER, &r);
+}
+
+int uffd_wp(int uffd, void *addr, size_t len, uint64_t mode)
+{
+	struct uffdio_writeprotect w = {
+		.range = { .start = (uintptr_t)addr, .len = len },
+		.mode = mode,
+	};
+
+	return ioc(uffd, UFFDIO_WRITEPROTECT, &w);
+}
+
+int uffd_copy(int uffd, void *dst, const void *src, size_t len, uint64_t mode)
+{
+	struct uffdio_copy c = {
+		.dst = (uintptr_t)dst, .src = (uintptr_t)src, .len = len,
+		.mode = mode,
+	};
+
+	return ioc(uffd, UFFDIO_COPY, &c);
+}
+
+int uffd_zeropage(int uffd, void *dst, size_t len, uint64_t mode)
+{
+	struct uffdio_zeropage z = {
+		.range = { .start = (uintptr_t)dst, .len = len },
+		.mode = mode,
+	};
+
+	return ioc(uffd, UFFDIO_ZEROPAGE, &z);
+}
+
+int uffd_wake(int uffd, void *addr, size_t len)
+{
+	struct uffdio_range r = { .start = (uintptr_t)addr, .len = len };
+
+	return ioc(uffd, UFFDIO_WAKE, &r);
+}
+
+int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms)
+{
+	struct pollfd p = { .fd = uffd, .events = POLLIN };
+	long long end = now_ms() + timeout_ms;
+
+	for (;;) {
+		long long left = end - now_ms();
+		ssize_t n;
+		int r;
+
+		if (left < 0)
+			left = 0;
+		r = poll(&p, 1, left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			return 0;
+		n = read(uffd, msg, sizeof(*msg));
+		if (n == sizeof(*msg))
+			return 1;
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		return n < 0 ? -errno : -EIO;
+	}
+}
+
+uint64_t pagemap_entry(void *addr)
+{
+	static int fd = -1;
+	uint64_t e;
+
+	if (fd < 0)
+		fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	if (pread(fd, &e, sizeof(e), (uintptr_t)addr / page_size() * sizeof(e)) !=
+	    sizeof(e))
+		return 0;
+	return e;
+}
+
+bool page_wp(void *addr)
+{
+	return pagemap_entry(addr) & PM_UFFD_WP;
+}
+
+size_t pages_with(void *addr, size_t len, uint64_t mask)
+{
+	size_t n = 0;
+
+	for (size_t off = 0; off < len; off += page_size())
+		if ((pagemap_entry((char *)addr + off) & mask) == mask)
+			n++;
+	return n;
+}
+
+long smaps_field_kb(void *addr, const char *field)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	uintptr_t a = (uintptr_t)addr, lo, hi;
+	char line[512];
+	int inside = 0;
+	long val = -1;
+	size_t flen = strlen(field);
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2 &&
+		    strchr(line, '-') < strchr(line, ' ')) {
+			inside = a >= lo && a < hi;
+			continue;
+		}
+		if (inside && !strncmp(line, field, flen) && line[flen] == ':') {
+			val = strtol(line + flen + 1, NULL, 10);
+			break;
+		}
+	}
+	fclose(f);
+	return val;
+}
+
+void *map_anon_aligned(size_t len, size_t align)
+{
+	char *p = mmap(NULL, len + align, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uintptr_t start, end;
+
+	if (p == MAP_FAILED)
+		return NULL;
+	start = ((uintptr_t)p + align - 1) & ~(align - 1);
+	end = start + len;
+	if (start > (uintptr_t)p)
+		munmap(p, start - (uintptr_t)p);
+	if ((uintptr_t)p + len + align > end)
+		munmap((void *)end, (uintptr_t)p + len + align - end);
+	return (void *)start;
+}
+
+static void *writer_main(void *arg)
+{
+	struct writer *w = arg;
+
+	for (size_t off = 0; off < w->len; off += page_size())
+		*(volatile char *)(w->addr + off) = w->val;
+	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+int writer_start(struct writer *w, void *addr, size_t len, char val)
+{
+	w->addr = addr;
+	w->len = len;
+	w->val = val;
+	w->done = 0;
+	return -pthread_create(&w->thread, NULL, writer_main, w);
+}
+
+bool writer_wait(struct writer *w, int timeout_ms)
+{
+	long long end = now_ms() + timeout_ms;
+
+	while (!__atomic_load_n(&w->done, __ATOMIC_ACQUIRE)) {
+		if (now_ms() >= end)
+			return false;
+		usleep(1000);
+	}
+	pthread_join(w->thread, NULL);
+	return true;
+}
+
+static void *resolver_main(void *arg)
+{
+	struct resolver *r = arg;
+
+	while (!r->stop) {
+		struct uffd_msg msg;
+		unsigned long addr;
+		int n = uffd_read_msg(r->uffd, &msg, 50);
+
+		if (n <= 0)
+			continue;
+		if (msg.event != UFFD_EVENT_PAGEFAULT ||
+		    !(msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP)) {
+			r->other++;
+			continue;
+		}
+		addr = msg.arg.pagefault.address & ~(page_size() - 1);
+		r->last_flags = msg.arg.pagefault.flags;
+		r->last_addr = addr;
+		if (uffd_wp(r->uffd, (void *)addr, page_size(), 0))
+			r->errors++;
+		r->faults++;
+	}
+	return NULL;
+}
+
+int resolver_start(struct resolver *r, int uffd)
+{
+	memset(r, 0, sizeof(*r));
+	r->uffd = uffd;
+	return -pthread_create(&r->thread, NULL, resolver_main, r);
+}
+
+void resolver_stop(struct resolver *r)
+{
+	r->stop = 1;
+	pthread_join(r->thread, NULL);
+}
+
+static void on_alarm(int sig)
+{
+	static const char msg[] = "not ok 999 watchdog # the test program hung\n";
+
+	(void)sig;
+	if (write(1, msg, sizeof(msg) - 1) < 0)
+		_exit(3);
+	_exit(3);
+}
+
+void watchdog(int seconds)
+{
+	signal(SIGALRM, on_alarm);
+	alarm(seconds);
+}
+
+long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}

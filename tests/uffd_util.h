@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * uffd_util.h: thin wrappers over the userfaultfd uAPI and /proc/self/pagemap
+ * for the guest test programs.  Every call returns 0 (or a count) on success
+ * and -errno on failure, so a test can check the exact errno.
+ */
+#ifndef UFFDWP_TESTS_UFFD_UTIL_H
+#define UFFDWP_TESTS_UFFD_UTIL_H
+
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* /proc/pid/pagemap bits (Documentation/admin-guide/mm/pagemap.rst). */
+#define PM_SOFT_DIRTY	(1ULL << 55)
+#define PM_MMAP_EXCL	(1ULL << 56)
+#define PM_UFFD_WP	(1ULL << 57)
+#define PM_FILE		(1ULL << 61)
+#define PM_SWAP		(1ULL << 62)
+#define PM_PRESENT	(1ULL << 63)
+
+#define HPAGE_SIZE	(2UL << 20)
+
+long page_size(void);
+
+/* userfaultfd(flags) then UFFDIO_API asking for FEATURES; *got (if not NULL)
+ * receives the features the kernel reports.  Returns the fd or -errno. */
+int uffd_open_flags(int flags, uint64_t features, uint64_t *got);
+int uffd_open(uint64_t features, uint64_t *got);
+int uffd_register(int uffd, void *addr, size_t len, uint64_t mode,
+		  uint64_t *ioctls);
+int uffd_unregister(int uffd, void *addr, size_t len);
+int uffd_wp(int uffd, void *addr, size_t len, uint64_t mode);
+int uffd_copy(int uffd, void *dst, const void *src, size_t len, uint64_t mode);
+int uffd_zeropage(int uffd, void *dst, size_t len, uint64_t mode);
+int uffd_wake(int uffd, void *addr, size_t len);
+/* Wait up to TIMEOUT_MS for one message: 1 got one, 0 none, -errno. */
+int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms);
+
+/* The pagemap entry of ADDR in this process, or 0 with errno set. */
+uint64_t pagemap_entry(void *addr);
+bool page_wp(void *addr);
+/* Pages in [addr, addr + len) whose pagemap entry has every bit of MASK. */
+size_t pages_with(void *addr, size_t len, uint64_t mask);
+/* AnonHugePages (kB) of the mapping that contains ADDR, or -1. */
+long smaps_field_kb(void *addr, const char *field);
+
+/* mmap LEN bytes of private anonymous memory aligned to ALIGN. */
+void *map_anon_aligned(size_t len, size_t align);
+
+/* A thread that stores VAL into every page of [addr, addr + len). */
+struct writer {
+	pthread_t thread;
+	char *addr;
+	size_t len;
+	char val;
+	volatile int done;
+};
+int writer_start(struct writer *w, void *addr, size_t len, char val);
+/* Wait up to TIMEOUT_MS for the writer to finish; true if it did. */
+bool writer_wait(struct writer *w, int timeout_ms);
+
+/* A thread that resolves every WP fault on UFFD by unprotecting the page
+ * (mode 0, waking the writer) and counts what it saw. */
+struct resolver {
+	pthread_t thread;
+	int uffd;
+	volatile int stop;
+	volatile int faults;		/* WP page faults resolved */
+	volatile int other;		/* any other message */
+	volatile int errors;		/* failed ioctls */
+	volatile uint64_t last_flags;
+	volatile unsigned long last_addr;
+};
+int resolver_start(struct resolver *r, int uffd);
+void resolver_stop(struct resolver *r);
+
+/* Kill the process with a failure line if it runs longer than SECONDS. */
+void watchdog(int seconds);
+/* Milliseconds of CLOCK_MONOTONIC. */
+long long now_ms(void);
+
+#endif
