@@ -6,7 +6,7 @@ LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check demo run kernel kernel-tree export-patches help clean
+.PHONY: all check demo run prog kernel kernel-tree export-patches help clean
 
 all: check
 
@@ -24,6 +24,12 @@ run:
 	@test -n "$(PROG)" || { echo "usage: make run LANE=x86_64 PROG=path/to/static-binary [ARGS=...]"; exit 2; }
 	@scripts/deps.sh
 	@scripts/lane.sh run $(LANE) $(abspath $(PROG)) $(ARGS)
+
+## prog: build one guest program of LANE, e.g. make prog T=conformance-api
+prog:
+	@test -n "$(T)" || { echo "usage: make prog [LANE=x86_64] T=name-of-tests/name.c-without-.c"; exit 2; }
+	@scripts/build-guest.sh $(LANE) "$$(scripts/build-kernel.sh $(LANE))" bin/$(T)
+	@echo build/guest/$(LANE)/bin/$(T)
 
 ## kernel: build LANE's kernel only and print its object directory
 kernel:

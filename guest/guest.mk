@@ -24,7 +24,7 @@ OURS := $(OUT)/init $(OUT)/bin/catch-writes \
 ST   := $(KSRC)/tools/testing/selftests/mm
 ST_CFLAGS := -O2 -Wall -U_FORTIFY_SOURCE -static -pthread -I $(KSRC) \
 	     -isystem $(UAPI)/include -isystem $(KSRC)/tools/include/uapi \
-	     -Wno-maybe-uninitialized
+	     -Wno-maybe-uninitialized -fmacro-prefix-map=$(ST)/=
 ST_PROGS := uffd-unit-tests uffd-stress pagemap_ioctl
 SELFTESTS := $(if $(KSRC),$(patsubst %,$(OUT)/bin/%,$(ST_PROGS)))
 

@@ -14,7 +14,7 @@ hugepages=${GUEST_HUGEPAGES:-160}
 cmdline="console=$QEMU_CONSOLE panic=-1 hugepagesz=2M hugepages=$hugepages ${CMDLINE_EXTRA:-}"
 
 # shellcheck disable=SC2086
-qemu=("$QEMU" $QEMU_MACHINE -smp 2 -m "${mem}M"
+qemu=("$QEMU" $QEMU_MACHINE -smp 2,sockets=2,cores=1,threads=1 -m "${mem}M"
 	-object memory-backend-ram,id=m0,size=${half}M
 	-object memory-backend-ram,id=m1,size=$((mem - half))M
 	-numa node,nodeid=0,cpus=0,memdev=m0

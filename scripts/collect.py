@@ -10,7 +10,9 @@ kind that says how its output is judged:
   exit       one result: ok on exit 0, skip on exit 4 (KSFT_SKIP) with the
              entry's last line as the reason, otherwise not ok.
   tap        the entry prints TAP; every result line becomes SUITE/NAME,
-             where SUITE is the plan name.  A short count against the
+             where SUITE is the first part of the plan name (plan entry
+             "conformance/api" printing "ok 1 api-register" gives
+             "conformance/api-register").  A short count against the
              entry's plan, or a non-zero exit, adds a failure.
   ksft       kselftest output: exit 0, a non-empty plan, every planned
              subtest reported, none failed, and at least one passed
@@ -127,6 +129,7 @@ TAP_LINE = re.compile(r"^(not ok|ok)\b\s*(\d+)?\s*-?\s*([^#]*?)\s*(#\s*(.*))?$")
 
 def judge_tap(e):
     results, planned = [], None
+    suite = e.name.split("/", 1)[0]
     for line in e.out:
         m = re.match(r"^1\.\.(\d+)", line)
         if m:
@@ -136,7 +139,7 @@ def judge_tap(e):
         if not m:
             continue
         ok = m.group(1) == "ok"
-        name = "%s/%s" % (e.name, m.group(3) or "test-%s" % m.group(2))
+        name = "%s/%s" % (suite, m.group(3) or "test-%s" % m.group(2))
         directive = m.group(5) or ""
         if ok and directive.upper().startswith("SKIP"):
             reason = directive[4:].strip() or "no reason given"
@@ -145,12 +148,12 @@ def judge_tap(e):
             results.append((ok, name, None if ok else directive or last_line(e)))
     code = exit_code(e)
     if planned is not None and len(results) != planned:
-        results.append((False, e.name + "/plan",
+        results.append((False, e.name + "-plan",
                         "planned %d results, got %d (%s)" % (planned, len(results), describe(e))))
     elif planned is None:
-        results.append((False, e.name + "/plan", "no TAP plan printed (%s)" % describe(e)))
+        results.append((False, e.name + "-plan", "no TAP plan printed (%s)" % describe(e)))
     if code != 0 and all(r[0] is not False for r in results):
-        results.append((False, e.name + "/exit", describe(e)))
+        results.append((False, e.name + "-exit", describe(e)))
     return results
 
 

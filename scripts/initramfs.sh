@@ -8,7 +8,9 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,dev,proc,sys,tmp,mnt/huge}
 cp "$guest/init" "$stage/init"
-cp "$guest"/bin/* "$stage/bin/"
+if [ -d "$guest/bin" ]; then
+	find "$guest/bin" -maxdepth 1 -type f -exec cp {} "$stage/bin/" \;
+fi
 for b in "$@"; do
 	cp "$b" "$stage/bin/"
 done
