@@ -7,6 +7,9 @@ shift 3
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,dev,proc,sys,tmp,mnt/huge}
+# mktemp makes a 0700 directory; as the guest's / it would lock out
+# every unprivileged test.
+chmod 755 "$stage"
 cp "$guest/init" "$stage/init"
 if [ -d "$guest/bin" ]; then
 	find "$guest/bin" -maxdepth 1 -type f -exec cp {} "$stage/bin/" \;

@@ -13,6 +13,11 @@ series=${1:-$TOP/kernel/series}
 ver=$(tree_version)
 base=$CACHE/base/$(tree_key)
 
+# Trees are made once; concurrent callers wait for the one making them.
+mkdir -p "$CACHE"
+exec 8>"$CACHE/.tree.lock"
+flock 8
+
 git_q() { git -c user.name=uffdwp -c user.email=uffdwp@localhost "$@"; }
 
 if [ ! -f "$base/.uffdwp-base" ]; then

@@ -143,10 +143,18 @@ int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms)
 uint64_t pagemap_entry(void *addr)
 {
 	static int fd = -1;
+	static pid_t owner;
 	uint64_t e;
 
-	if (fd < 0)
+	/* After fork() the inherited fd still reads the parent's tables. */
+	if (fd >= 0 && owner != getpid()) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0) {
 		fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+		owner = getpid();
+	}
 	if (fd < 0)
 		return 0;
 	if (pread(fd, &e, sizeof(e), (uintptr_t)addr / page_size() * sizeof(e)) !=
@@ -241,7 +249,10 @@ bool writer_wait(struct writer *w, int timeout_ms)
 			return false;
 		usleep(1000);
 	}
-	pthread_join(w->thread, NULL);
+	if (w->done == 1) {	/* join once; later calls just report done */
+		pthread_join(w->thread, NULL);
+		w->done = 2;
+	}
 	return true;
 }
 

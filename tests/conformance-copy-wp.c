@@ -1,0 +1,398 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * conformance-copy-wp: UFFDIO_COPY with UFFDIO_COPY_MODE_WP.
+ *
+ * Contract checked (issue tracker, area 3 "copy-wp"):
+ *  - UFFDIO_COPY with COPY_MODE_WP installs pages that are write-protected
+ *    (pagemap PM_UFFD_WP) and hold the copied data; reads do not fault;
+ *  - the next write to such a page takes a WP fault (WP|WRITE at the page)
+ *    and, resolved with mode 0, lands;
+ *  - on one page a MISSING fault (flags exactly WRITE) and then a WP fault
+ *    (WP|WRITE) arrive in that order when the MISSING fault is resolved with
+ *    COPY_MODE_WP; the write lands only after the second resolution;
+ *  - COPY_MODE_WP|COPY_MODE_DONTWAKE leaves the writer asleep until
+ *    UFFDIO_WAKE, after which it takes the WP fault;
+ *  - COPY_MODE_WP on a range registered without MODE_WP is EINVAL and
+ *    installs nothing (fs/userfaultfd.c passes MFILL_ATOMIC_WP, rejected in
+ *    mfill_atomic() when the VMA lacks VM_UFFD_WP);
+ *  - a plain UFFDIO_COPY into a MISSING|WP range installs an unprotected
+ *    page: writes then never fault.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "uffd_util.h"
+
+#define FAULT_WAIT_MS	3000
+#define QUIET_MS	200
+#define WP_WRITE	(UFFD_PAGEFAULT_FLAG_WP | UFFD_PAGEFAULT_FLAG_WRITE)
+#define MISSING_WP	(UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP)
+#define PAGES		4
+
+/* Why the current case failed; because() records it and returns false. */
+static char why[512];
+
+static bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static bool because(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	return false;
+}
+
+/* Put PREFIX before the reason already recorded; returns false. */
+static bool because_with(const char *prefix)
+{
+	char reason[sizeof(why)];
+
+	memcpy(reason, why, sizeof(reason));
+	return because("%s: %s", prefix, reason);
+}
+
+/* An unpopulated registered area, and a source buffer with a pattern. */
+struct area {
+	int uffd;
+	char *base;
+	char *src;
+	size_t len;
+	bool stuck;		/* a thread may still touch it: never unmap */
+};
+
+static char *page_at(struct area *a, int i)
+{
+	return a->base + (size_t)i * page_size();
+}
+
+static char pattern(int i, size_t off)
+{
+	return (char)(0x17 * (i + 1) + off % 241);
+}
+
+static bool area_setup(struct area *a, uint64_t mode)
+{
+	int err;
+
+	memset(a, 0, sizeof(*a));
+	a->uffd = -1;
+	a->len = PAGES * page_size();
+	a->base = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	a->src = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a->base == MAP_FAILED || a->src == MAP_FAILED) {
+		a->base = a->base == MAP_FAILED ? NULL : a->base;
+		a->src = a->src == MAP_FAILED ? NULL : a->src;
+		return because("mmap: %s", strerror(errno));
+	}
+	for (int i = 0; i < PAGES; i++)
+		for (size_t off = 0; off < (size_t)page_size(); off++)
+			a->src[i * page_size() + off] = pattern(i, off);
+	a->uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
+	if (a->uffd < 0)
+		return because("uffd_open: %s", strerror(-a->uffd));
+	err = uffd_register(a->uffd, a->base, a->len, mode, NULL);
+	if (err)
+		return because("UFFDIO_REGISTER mode %#llx: %s",
+			       (unsigned long long)mode, strerror(-err));
+	return true;
+}
+
+static void area_teardown(struct area *a)
+{
+	if (a->uffd >= 0)
+		close(a->uffd);
+	if (a->base && !a->stuck)
+		munmap(a->base, a->len);
+	if (a->src)
+		munmap(a->src, a->len);
+}
+
+/*
+ * writer_wait() that remembers a joined writer (addr NULL), so that the
+ * failure path's writer_release() never joins it twice.
+ */
+static bool writer_joined(struct writer *w, int timeout_ms)
+{
+	if (!w->addr)
+		return true;
+	if (!writer_wait(w, timeout_ms))
+		return false;
+	w->addr = NULL;
+	return true;
+}
+
+/*
+ * Let a writer that may be blocked go: closing the uffd wakes every fault
+ * and drops the registration.  If it still does not finish, never unmap.
+ */
+static void writer_release(struct area *a, struct writer *w)
+{
+	uffd_wp(a->uffd, a->base, a->len, 0);
+	close(a->uffd);
+	a->uffd = -1;
+	if (!writer_joined(w, FAULT_WAIT_MS)) {
+		tap_diag("a writer thread is stuck; leaking its mapping");
+		a->stuck = true;
+	}
+}
+
+/* Read one message: a page fault at page I with exactly FLAGS. */
+static bool expect_fault(struct area *a, int i, uint64_t flags)
+{
+	struct uffd_msg msg;
+	int n = uffd_read_msg(a->uffd, &msg, FAULT_WAIT_MS);
+
+	if (n < 0)
+		return because("reading the uffd: %s", strerror(-n));
+	if (n == 0)
+		return because("no message within %d ms for page %d (want "
+			       "flags %#llx)", FAULT_WAIT_MS, i,
+			       (unsigned long long)flags);
+	if (msg.event != UFFD_EVENT_PAGEFAULT)
+		return because("page %d: event %u, want PAGEFAULT", i, msg.event);
+	if (msg.arg.pagefault.address != (uintptr_t)page_at(a, i))
+		return because("fault at %#llx, want page %d at %p",
+			       (unsigned long long)msg.arg.pagefault.address, i,
+			       (void *)page_at(a, i));
+	if (msg.arg.pagefault.flags != flags)
+		return because("page %d: flags %#llx, want %#llx", i,
+			       (unsigned long long)msg.arg.pagefault.flags,
+			       (unsigned long long)flags);
+	return true;
+}
+
+static bool expect_no_message(struct area *a, const char *when)
+{
+	struct uffd_msg msg;
+	int n = uffd_read_msg(a->uffd, &msg, QUIET_MS);
+
+	if (n < 0)
+		return because("reading the uffd %s: %s", when, strerror(-n));
+	if (n > 0)
+		return because("unexpected message %s: event %u flags %#llx",
+			       when, msg.event,
+			       (unsigned long long)msg.arg.pagefault.flags);
+	return true;
+}
+
+/* Page I holds the source pattern, with byte 0 replaced by VAL if WRITTEN. */
+static bool page_holds(struct area *a, int i, bool written, char val)
+{
+	if (!(pagemap_entry(page_at(a, i)) & PM_PRESENT))
+		return because("page %d is not present", i);
+	for (size_t off = 0; off < (size_t)page_size(); off++) {
+		char want = written && !off ? val : pattern(i, off);
+
+		if (page_at(a, i)[off] != want)
+			return because("page %d byte %zu is %#x, want %#x", i,
+				       off, (unsigned char)page_at(a, i)[off],
+				       (unsigned char)want);
+	}
+	return true;
+}
+
+static bool copy_pages(struct area *a, int first, int n, uint64_t mode)
+{
+	int err = uffd_copy(a->uffd, page_at(a, first),
+			    a->src + first * page_size(), n * page_size(), mode);
+
+	if (err)
+		return because("UFFDIO_COPY pages %d+%d mode %#llx: %s", first,
+			       n, (unsigned long long)mode, strerror(-err));
+	return true;
+}
+
+/* COPY_MODE_WP into the idle area: protected, present, right data. */
+static bool copy_wp_installs(struct area *a)
+{
+	size_t n;
+
+	if (!copy_pages(a, 0, PAGES, UFFDIO_COPY_MODE_WP))
+		return false;
+	n = pages_with(a->base, a->len, PM_PRESENT | PM_UFFD_WP);
+	if (n != PAGES)
+		return because("%zu of %d copied pages are present with "
+			       "PM_UFFD_WP", n, PAGES);
+	for (int i = 0; i < PAGES; i++)
+		if (!page_holds(a, i, false, 0))
+			return false;
+	return expect_no_message(a, "after reading the copied pages");
+}
+
+/* Every page of the copied area faults WP on write; resolve each. */
+static bool copied_pages_fault_on_write(struct area *a)
+{
+	struct writer w;
+
+	if (writer_start(&w, a->base, a->len, 'C'))
+		return because("pthread_create failed");
+	for (int i = 0; i < PAGES; i++) {
+		if (!expect_fault(a, i, WP_WRITE)) {
+			writer_release(a, &w);
+			return false;
+		}
+		if (uffd_wp(a->uffd, page_at(a, i), page_size(), 0)) {
+			writer_release(a, &w);
+			return because("resolving page %d failed", i);
+		}
+	}
+	if (!writer_joined(&w, FAULT_WAIT_MS)) {
+		writer_release(a, &w);
+		return because("writer not woken by the last resolution");
+	}
+	for (int i = 0; i < PAGES; i++)
+		if (!page_holds(a, i, true, 'C'))
+			return false;
+	return expect_no_message(a, "after the writer finished");
+}
+
+static void case_copy_wp_pages(void)
+{
+	struct area a;
+	bool installed, faults = false;
+
+	installed = area_setup(&a, MISSING_WP) && copy_wp_installs(&a);
+	tap_check(installed, "copy-wp-installs-protected-pages", "%s", why);
+	if (installed)
+		faults = copied_pages_fault_on_write(&a);
+	else
+		because("not checked: COPY_MODE_WP did not install protected "
+			"pages");
+	tap_check(faults, "copy-wp-next-write-faults-wp", "%s", why);
+	area_teardown(&a);
+}
+
+/*
+ * A write to a missing page: MISSING fault first, resolved with
+ * COPY_MODE_WP (plus EXTRA mode bits), then a WP fault on the same page.
+ */
+static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
+{
+	int err;
+
+	if (writer_start(w, page_at(a, 1), page_size(), 'M'))
+		return because("pthread_create failed");
+	if (!expect_fault(a, 1, UFFD_PAGEFAULT_FLAG_WRITE))
+		return because_with("first message");
+	/* The message is queued before the writer sleeps: let it sleep. */
+	usleep(100 * 1000);
+	if (!copy_pages(a, 1, 1, UFFDIO_COPY_MODE_WP | extra))
+		return false;
+	if (extra & UFFDIO_COPY_MODE_DONTWAKE) {
+		if (writer_joined(w, QUIET_MS * 2))
+			return because("COPY_MODE_DONTWAKE woke the writer");
+		if (!expect_no_message(a, "before UFFDIO_WAKE"))
+			return false;
+		err = uffd_wake(a->uffd, page_at(a, 1), page_size());
+		if (err)
+			return because("UFFDIO_WAKE: %s", strerror(-err));
+	}
+	if (!expect_fault(a, 1, WP_WRITE))
+		return because_with("second message");
+	if (!page_holds(a, 1, false, 0))
+		return because_with("before the WP fault was resolved");
+	err = uffd_wp(a->uffd, page_at(a, 1), page_size(), 0);
+	if (err)
+		return because("resolving the WP fault: %s", strerror(-err));
+	if (!writer_joined(w, FAULT_WAIT_MS))
+		return because("writer not woken after the WP fault");
+	return page_holds(a, 1, true, 'M') &&
+	       expect_no_message(a, "after the writer finished");
+}
+
+static void run_missing_then_wp(const char *name, uint64_t extra)
+{
+	struct writer w = { 0 };
+	struct area a;
+	bool ok = area_setup(&a, MISSING_WP);
+
+	if (ok) {
+		ok = missing_then_wp(&a, &w, extra);
+		if (!ok && w.addr)
+			writer_release(&a, &w);
+	}
+	tap_check(ok, name, "%s", why);
+	area_teardown(&a);
+}
+
+static bool copy_wp_needs_wp(struct area *a)
+{
+	int err = uffd_copy(a->uffd, a->base, a->src, a->len,
+			    UFFDIO_COPY_MODE_WP);
+
+	if (err != -EINVAL)
+		return because("COPY_MODE_WP on a MISSING-only range: %s, "
+			       "want EINVAL", err ? strerror(-err) : "success");
+	if (pages_with(a->base, a->len, PM_PRESENT))
+		return because("the failed copy installed %zu pages",
+			       pages_with(a->base, a->len, PM_PRESENT));
+	/* The same copy without the WP mode is fine there. */
+	if (!copy_pages(a, 0, PAGES, 0))
+		return false;
+	if (pages_with(a->base, a->len, PM_UFFD_WP))
+		return because("a plain copy installed protected pages");
+	return page_holds(a, 0, false, 0);
+}
+
+static void case_copy_wp_needs_wp(void)
+{
+	struct area a;
+	bool ok = area_setup(&a, UFFDIO_REGISTER_MODE_MISSING) &&
+		  copy_wp_needs_wp(&a);
+
+	tap_check(ok, "copy-wp-without-wp-registration-einval", "%s", why);
+	area_teardown(&a);
+}
+
+static bool plain_copy_unprotected(struct area *a)
+{
+	struct writer w;
+
+	if (!copy_pages(a, 0, PAGES, 0))
+		return false;
+	if (pages_with(a->base, a->len, PM_UFFD_WP))
+		return because("a plain copy installed %zu protected pages",
+			       pages_with(a->base, a->len, PM_UFFD_WP));
+	if (writer_start(&w, a->base, a->len, 'P'))
+		return because("pthread_create failed");
+	if (!writer_joined(&w, FAULT_WAIT_MS)) {
+		writer_release(a, &w);
+		return because("writes to plainly copied pages blocked");
+	}
+	for (int i = 0; i < PAGES; i++)
+		if (!page_holds(a, i, true, 'P'))
+			return false;
+	return expect_no_message(a, "after writing plainly copied pages");
+}
+
+static void case_plain_copy(void)
+{
+	struct area a;
+	bool ok = area_setup(&a, MISSING_WP) && plain_copy_unprotected(&a);
+
+	tap_check(ok, "copy-without-mode-wp-not-protected", "%s", why);
+	area_teardown(&a);
+}
+
+int main(void)
+{
+	watchdog(60);
+	tap_plan(6);
+	case_copy_wp_pages();
+	run_missing_then_wp("copy-wp-missing-then-wp-in-order", 0);
+	run_missing_then_wp("copy-wp-dontwake-needs-wake",
+			    UFFDIO_COPY_MODE_DONTWAKE);
+	case_copy_wp_needs_wp();
+	case_plain_copy();
+	return tap_done();
+}

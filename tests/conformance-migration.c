@@ -1,0 +1,583 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * conformance-migration: the uffd-wp bit survives page migration between
+ * NUMA nodes (the guest has two).
+ *
+ * Contract (area 6): move_pages() of write-protected pages to the other
+ * node keeps them protected -- PM_UFFD_WP in pagemap and a real WP fault on
+ * the next write -- with their data intact, and the pages really moved
+ * (move_pages() status, and a query with nodes == NULL afterwards).
+ * Covered for small anonymous pages, a PMD-mapped anonymous THP (PMD
+ * migration entry), shmem pages and a hugetlb page.
+ *
+ * There is no libnuma in the guest: move_pages is the raw syscall.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "uffd_util.h"
+
+#ifndef MPOL_MF_MOVE
+#define MPOL_MF_MOVE	(1 << 1)
+#endif
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB	0x0004U
+#endif
+
+#define NR_PAGES	8
+#define NR_SUBPAGES	512
+#define MSG_WAIT_MS	3000
+#define QUIET_MS	300
+#define NODE_SYSFS	"/sys/devices/system/node/"
+#define FREE_HUGE	"/hugepages/hugepages-2048kB/free_hugepages"
+
+#define FAIL(...)						\
+	do {							\
+		snprintf(why, sizeof(why), __VA_ARGS__);	\
+		goto out;					\
+	} while (0)
+
+static long psz;
+
+enum kind { ANON, ANON_THP, SHMEM, HUGETLB };
+
+/* A protected test area of one kind, its expected data and its uffd. */
+struct area {
+	enum kind kind;
+	char *p;
+	size_t len;
+	size_t step;		/* bytes per migrated unit (page or huge page) */
+	char *expect;
+	int uffd;
+	bool leak;
+};
+
+static void fill_pattern(char *p, size_t len, unsigned int seed)
+{
+	unsigned int x = seed * 2654435761u + 1;
+
+	for (size_t i = 0; i < len; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		p[i] = (char)x;
+	}
+}
+
+static long first_diff(const char *a, const char *b, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if (a[i] != b[i])
+			return i;
+	return -1;
+}
+
+static long move_pages(unsigned long count, void **pages, const int *nodes,
+		       int *status, int flags)
+{
+	return syscall(SYS_move_pages, 0, count, pages, nodes, status, flags);
+}
+
+static bool node_online(int node)
+{
+	char path[64];
+
+	snprintf(path, sizeof(path), NODE_SYSFS "node%d", node);
+	return access(path, F_OK) == 0;
+}
+
+static long free_hugepages(int node)
+{
+	char path[128], buf[32] = "";
+	int fd;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), NODE_SYSFS "node%d" FREE_HUGE, node);
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	return n > 0 ? strtol(buf, NULL, 10) : -1;
+}
+
+/*
+ * Keep the program on CPU 0 so that every page of an area is allocated on
+ * that CPU's node and an area starts out on a single node.
+ */
+static void pin_to_cpu0(void)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(0, &set);
+	if (sched_setaffinity(0, sizeof(set), &set))
+		tap_diag("sched_setaffinity: %s", strerror(errno));
+}
+
+static long huge_kb(void *addr)
+{
+	return smaps_field_kb(addr, "AnonHugePages");
+}
+
+/* Map and populate an area of KIND; false with WHY on failure. */
+static bool area_map(struct area *a, enum kind kind, char *why, size_t wlen)
+{
+	int fd = -1;
+
+	memset(a, 0, sizeof(*a));
+	a->kind = kind;
+	a->uffd = -1;
+	a->step = psz;
+	a->len = NR_PAGES * psz;
+	switch (kind) {
+	case ANON:
+		a->p = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		break;
+	case ANON_THP:
+		a->len = a->step = HPAGE_SIZE;
+		a->p = map_anon_aligned(HPAGE_SIZE, HPAGE_SIZE);
+		if (!a->p)
+			a->p = MAP_FAILED;
+		else if (madvise(a->p, HPAGE_SIZE, MADV_HUGEPAGE))
+			tap_diag("MADV_HUGEPAGE: %s", strerror(errno));
+		break;
+	case SHMEM:
+	case HUGETLB:
+		if (kind == HUGETLB)
+			a->len = a->step = HPAGE_SIZE;
+		fd = memfd_create("uffd-wp-migration",
+				  kind == HUGETLB ? MFD_HUGETLB : 0);
+		if (fd < 0 || ftruncate(fd, a->len)) {
+			snprintf(why, wlen, "memfd: %s", strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			return false;
+		}
+		a->p = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_SHARED,
+			    fd, 0);
+		close(fd);
+		break;
+	}
+	if (a->p == MAP_FAILED) {
+		a->p = NULL;
+		snprintf(why, wlen, "mmap: %s", strerror(errno));
+		return false;
+	}
+	a->expect = malloc(a->len);
+	if (!a->expect) {
+		snprintf(why, wlen, "malloc failed");
+		return false;
+	}
+	fill_pattern(a->p, a->len, kind + 1);
+	memcpy(a->expect, a->p, a->len);
+	return true;
+}
+
+static int area_protect(struct area *a)
+{
+	uint64_t features = UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+	int err;
+
+	if (a->kind == SHMEM || a->kind == HUGETLB)
+		features |= UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
+	a->uffd = uffd_open(features, NULL);
+	if (a->uffd < 0)
+		return a->uffd;
+	err = uffd_register(a->uffd, a->p, a->len, UFFDIO_REGISTER_MODE_WP,
+			    NULL);
+	if (err)
+		return err;
+	return uffd_wp(a->uffd, a->p, a->len, UFFDIO_WRITEPROTECT_MODE_WP);
+}
+
+static void area_destroy(struct area *a)
+{
+	if (a->uffd >= 0)
+		close(a->uffd);
+	free(a->expect);
+	if (a->p && !a->leak)
+		munmap(a->p, a->len);
+}
+
+/* Units of the area: every page, or the head of the huge page. */
+static int area_units(struct area *a, void **pages)
+{
+	int n = a->len / a->step;
+
+	for (int i = 0; i < n; i++)
+		pages[i] = a->p + i * a->step;
+	return n;
+}
+
+/*
+ * The node of every page of A (queried with nodes == NULL); -1 if they are
+ * not all on one node.  WHY explains a failed query.
+ */
+static int area_node(struct area *a, char *why, size_t wlen)
+{
+	void *pages[NR_SUBPAGES];
+	int status[NR_SUBPAGES], n = a->len / psz;
+
+	for (int i = 0; i < n; i++) {
+		pages[i] = a->p + i * psz;
+		status[i] = -12345;
+	}
+	if (move_pages(n, pages, NULL, status, 0)) {
+		snprintf(why, wlen, "move_pages query: %s", strerror(errno));
+		return -1;
+	}
+	for (int i = 1; i < n; i++) {
+		if (status[i] != status[0]) {
+			snprintf(why, wlen, "page %d on node %d, page 0 on node %d",
+				 i, status[i], status[0]);
+			return -1;
+		}
+	}
+	if (status[0] < 0)
+		snprintf(why, wlen, "query status %d", status[0]);
+	return status[0];
+}
+
+/* Move every unit of A to NODE; check the status move_pages returns. */
+static bool area_move(struct area *a, int node, char *why, size_t wlen)
+{
+	void *pages[NR_PAGES];
+	int nodes[NR_PAGES], status[NR_PAGES];
+	int n = area_units(a, pages);
+	long ret;
+
+	for (int i = 0; i < n; i++) {
+		nodes[i] = node;
+		status[i] = -12345;
+	}
+	ret = move_pages(n, pages, nodes, status, MPOL_MF_MOVE);
+	if (ret) {
+		snprintf(why, wlen, "move_pages to node %d: %ld (%s)", node, ret,
+			 ret < 0 ? strerror(errno) : "pages not migrated");
+		return false;
+	}
+	for (int i = 0; i < n; i++) {
+		if (status[i] != node) {
+			snprintf(why, wlen, "move_pages status[%d] = %d, want node %d",
+				 i, status[i], node);
+			return false;
+		}
+	}
+	return true;
+}
+
+struct wp_probe {
+	int msgs;
+	struct uffd_msg msg;
+	bool blocked;
+	int resolve_err;
+	bool finished;
+	int extra;
+};
+
+/*
+ * Store VAL at ADDR from a writer thread, take the first message while the
+ * writer is blocked, unprotect [res, res + res_len) and wait for the writer.
+ */
+static bool probe_write(int uffd, char *addr, char val, char *res,
+			size_t res_len, struct wp_probe *pr)
+{
+	struct writer *w = calloc(1, sizeof(*w));
+
+	memset(pr, 0, sizeof(*pr));
+	if (!w || writer_start(w, addr, 1, val)) {
+		free(w);
+		return false;
+	}
+	pr->msgs = uffd_read_msg(uffd, &pr->msg, MSG_WAIT_MS) == 1;
+	pr->blocked = !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+	pr->resolve_err = uffd_wp(uffd, res, res_len, 0);
+	pr->finished = writer_wait(w, MSG_WAIT_MS);
+	if (!pr->finished) {
+		uffd_unregister(uffd, res, res_len);
+		uffd_wake(uffd, res, res_len);
+		if (!writer_wait(w, MSG_WAIT_MS))
+			return false;
+	} else {
+		struct uffd_msg more;
+
+		pr->extra = uffd_read_msg(uffd, &more, QUIET_MS) == 1;
+	}
+	free(w);
+	return true;
+}
+
+static bool probe_ok(const struct wp_probe *pr, void *want, char *why,
+		     size_t wlen)
+{
+	const struct uffd_msg *m = &pr->msg;
+
+	if (!pr->msgs)
+		snprintf(why, wlen, "no fault message within %d ms", MSG_WAIT_MS);
+	else if (m->event != UFFD_EVENT_PAGEFAULT)
+		snprintf(why, wlen, "message event %u, want PAGEFAULT", m->event);
+	else if (!(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) ||
+		 !(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE))
+		snprintf(why, wlen, "fault flags %#llx, want WP|WRITE",
+			 (unsigned long long)m->arg.pagefault.flags);
+	else if (m->arg.pagefault.address != (uintptr_t)want)
+		snprintf(why, wlen, "fault address %#llx, want %p",
+			 (unsigned long long)m->arg.pagefault.address, want);
+	else if (!pr->blocked)
+		snprintf(why, wlen, "the write completed before it was resolved");
+	else if (pr->resolve_err)
+		snprintf(why, wlen, "unprotect to resolve: %s",
+			 strerror(-pr->resolve_err));
+	else if (!pr->finished)
+		snprintf(why, wlen, "the write did not complete after resolving");
+	else if (pr->extra)
+		snprintf(why, wlen, "a second message after resolving");
+	else
+		return true;
+	return false;
+}
+
+/*
+ * Write VAL at byte OFF of A through a WP fault.  The message names the
+ * page (for hugetlb: the huge page, as UFFD_FEATURE_EXACT_ADDRESS is off);
+ * the fault is resolved by unprotecting that unit.
+ */
+static bool fault_at(struct area *a, size_t off, char val, char *why,
+		     size_t wlen)
+{
+	size_t unit = a->kind == HUGETLB ? HPAGE_SIZE : (size_t)psz;
+	char *want = a->p + off / unit * unit;
+	struct wp_probe pr;
+
+	if (!probe_write(a->uffd, a->p + off, val, want, unit, &pr)) {
+		a->leak = true;
+		snprintf(why, wlen, "writer at offset %zu never finished", off);
+		return false;
+	}
+	a->expect[off] = val;
+	return probe_ok(&pr, want, why, wlen);
+}
+
+static bool data_ok(struct area *a, char *why, size_t wlen)
+{
+	long d = first_diff(a->p, a->expect, a->len);
+
+	if (d < 0)
+		return true;
+	snprintf(why, wlen, "data differs at offset %ld", d);
+	return false;
+}
+
+static bool all_wp(struct area *a, char *why, size_t wlen)
+{
+	size_t n = pages_with(a->p, a->len, PM_PRESENT | PM_UFFD_WP);
+
+	if (n == a->len / psz)
+		return true;
+	snprintf(why, wlen, "%zu of %zu pages present with PM_UFFD_WP", n,
+		 a->len / psz);
+	return false;
+}
+
+/*
+ * Set up an area of KIND, protect it and move it to the other node, then
+ * check the move: the status, a fresh query, the WP bits and the data.
+ * Reports fail/skip itself when the setup cannot work and returns false;
+ * otherwise returns true with *OK telling whether the checks passed.
+ */
+static bool protected_and_moved(struct area *a, enum kind kind,
+				const char *name, bool *ok, char *why,
+				size_t wlen)
+{
+	int from, to, now, err;
+
+	*ok = false;
+	if (!area_map(a, kind, why, wlen)) {
+		if (kind == HUGETLB)
+			tap_skip(name, "no hugetlb page: %s", why);
+		else
+			tap_fail(name, "%s", why);
+		return false;
+	}
+	if (kind == ANON_THP && huge_kb(a->p) != (long)(HPAGE_SIZE >> 10)) {
+		tap_skip(name, "no THP: AnonHugePages %ld kB", huge_kb(a->p));
+		return false;
+	}
+	err = area_protect(a);
+	if (err) {
+		snprintf(why, wlen, "WP register/protect: %s", strerror(-err));
+		return true;
+	}
+	from = area_node(a, why, wlen);
+	if (from < 0)
+		return true;
+	to = !from;
+	if (kind == HUGETLB && free_hugepages(to) < 1) {
+		tap_skip(name, "no free 2 MiB huge page on node %d", to);
+		return false;
+	}
+	if (!area_move(a, to, why, wlen))
+		return true;
+	now = area_node(a, why, wlen);
+	if (now != to) {
+		if (now >= 0)
+			snprintf(why, wlen, "query after the move: node %d, want %d",
+				 now, to);
+		return true;
+	}
+	if (kind == ANON_THP && huge_kb(a->p) != (long)(HPAGE_SIZE >> 10)) {
+		snprintf(why, wlen, "THP split by the move: AnonHugePages %ld kB",
+			 huge_kb(a->p));
+		return true;
+	}
+	*ok = all_wp(a, why, wlen) && data_ok(a, why, wlen);
+	return true;
+}
+
+/*
+ * migration-pages-keep-wp: protected anonymous pages moved to the other
+ * node are on that node, still PM_UFFD_WP, and hold their data.
+ */
+static void test_pages_keep_wp(void)
+{
+	const char *name = "migration-pages-keep-wp";
+	char why[512] = "";
+	struct area a;
+	bool ok;
+
+	if (protected_and_moved(&a, ANON, name, &ok, why, sizeof(why)))
+		tap_check(ok, name, "%s", why);
+	area_destroy(&a);
+}
+
+/*
+ * migration-write-faults-after: after the move, a write to a protected
+ * page takes exactly one WP fault; resolving it lets the write through and
+ * leaves the other pages protected.
+ */
+static void test_write_faults_after(void)
+{
+	const char *name = "migration-write-faults-after";
+	char why[512] = "";
+	struct area a;
+	bool ok;
+	size_t n;
+
+	if (!protected_and_moved(&a, ANON, name, &ok, why, sizeof(why)))
+		goto out_free;
+	if (!ok)
+		goto out;
+	ok = false;
+	if (!fault_at(&a, 3 * psz + 17, 'm', why, sizeof(why)))
+		goto out;
+	n = pages_with(a.p, a.len, PM_UFFD_WP);
+	if (n != NR_PAGES - 1)
+		FAIL("%zu pages PM_UFFD_WP after resolving one, want %d", n,
+		     NR_PAGES - 1);
+	ok = data_ok(&a, why, sizeof(why));
+out:
+	tap_check(ok, name, "%s", why);
+out_free:
+	area_destroy(&a);
+}
+
+/*
+ * migration-thp-keeps-wp: a protected PMD-mapped THP moved to the other
+ * node stays PMD-mapped, protected on all 512 pages, with its data, and a
+ * write takes a WP fault at the written page.
+ */
+static void test_thp_keeps_wp(void)
+{
+	const char *name = "migration-thp-keeps-wp";
+	char why[512] = "";
+	struct area a;
+	bool ok;
+
+	if (!protected_and_moved(&a, ANON_THP, name, &ok, why, sizeof(why)))
+		goto out_free;
+	if (ok)
+		ok = fault_at(&a, 77 * psz, 't', why, sizeof(why)) &&
+		     data_ok(&a, why, sizeof(why));
+	tap_check(ok, name, "%s", why);
+out_free:
+	area_destroy(&a);
+}
+
+/*
+ * migration-shmem-keeps-wp: protected shmem (memfd) pages moved to the
+ * other node stay protected with their data; a write takes a WP fault.
+ */
+static void test_shmem_keeps_wp(void)
+{
+	const char *name = "migration-shmem-keeps-wp";
+	char why[512] = "";
+	struct area a;
+	bool ok;
+
+	if (!protected_and_moved(&a, SHMEM, name, &ok, why, sizeof(why)))
+		goto out_free;
+	if (ok)
+		ok = fault_at(&a, 5 * psz, 's', why, sizeof(why)) &&
+		     data_ok(&a, why, sizeof(why));
+	tap_check(ok, name, "%s", why);
+out_free:
+	area_destroy(&a);
+}
+
+/*
+ * migration-hugetlb-keeps-wp: a protected 2 MiB hugetlb page (memfd
+ * MFD_HUGETLB) moved to the other node stays protected with its data; a
+ * write takes a WP fault reported at the huge page's start.
+ */
+static void test_hugetlb_keeps_wp(void)
+{
+	const char *name = "migration-hugetlb-keeps-wp";
+	char why[512] = "";
+	struct area a;
+	bool ok;
+
+	if (!protected_and_moved(&a, HUGETLB, name, &ok, why, sizeof(why)))
+		goto out_free;
+	if (ok)
+		ok = fault_at(&a, 300 * psz + 5, 'h', why, sizeof(why)) &&
+		     data_ok(&a, why, sizeof(why));
+	tap_check(ok, name, "%s", why);
+out_free:
+	area_destroy(&a);
+}
+
+int main(void)
+{
+	watchdog(60);
+	psz = page_size();
+	pin_to_cpu0();
+	tap_plan(5);
+	if (!node_online(0) || !node_online(1)) {
+		static const char *const names[] = {
+			"migration-pages-keep-wp", "migration-write-faults-after",
+			"migration-thp-keeps-wp", "migration-shmem-keeps-wp",
+			"migration-hugetlb-keeps-wp",
+		};
+
+		for (int i = 0; i < 5; i++)
+			tap_skip(names[i], "the guest has no second NUMA node");
+		return tap_done();
+	}
+	test_pages_keep_wp();
+	test_write_faults_after();
+	test_thp_keeps_wp();
+	test_shmem_keeps_wp();
+	test_hugetlb_keeps_wp();
+	return tap_done();
+}
