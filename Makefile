@@ -6,7 +6,7 @@ LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check demo run prog kernel kernel-tree export-patches help clean
+.PHONY: all check demo run prog mutation-check kernel kernel-tree export-patches help clean
 
 all: check
 
@@ -30,6 +30,10 @@ prog:
 	@test -n "$(T)" || { echo "usage: make prog [LANE=x86_64] T=name-of-tests/name.c-without-.c"; exit 2; }
 	@scripts/build-guest.sh $(LANE) "$$(scripts/build-kernel.sh $(LANE))" bin/$(T)
 	@echo build/guest/$(LANE)/bin/$(T)
+
+## mutation-check: the suites on a kernel without uffd-wp must fail
+mutation-check:
+	@scripts/mutation-check.sh
 
 ## kernel: build LANE's kernel only and print its object directory
 kernel:
