@@ -1,7 +1,7 @@
 # uffd-wp: userfaultfd write-protection, built on Debian's linux-source-6.12,
 # tested in QEMU.  `make help` lists the targets.
 
-LANES ?= x86_64
+LANES ?= x86_64 riscv64
 LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
