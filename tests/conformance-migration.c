@@ -61,26 +61,6 @@ struct area {
 	bool leak;
 };
 
-static void fill_pattern(char *p, size_t len, unsigned int seed)
-{
-	unsigned int x = seed * 2654435761u + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (char)x;
-	}
-}
-
-static long first_diff(const char *a, const char *b, size_t len)
-{
-	for (size_t i = 0; i < len; i++)
-		if (a[i] != b[i])
-			return i;
-	return -1;
-}
-
 static long move_pages(unsigned long count, void **pages, const int *nodes,
 		       int *status, int flags)
 {
@@ -114,16 +94,6 @@ static long free_hugepages(int node)
  * Keep the program on CPU 0 so that every page of an area is allocated on
  * that CPU's node and an area starts out on a single node.
  */
-static void pin_to_cpu0(void)
-{
-	cpu_set_t set;
-
-	CPU_ZERO(&set);
-	CPU_SET(0, &set);
-	if (sched_setaffinity(0, sizeof(set), &set))
-		tap_diag("sched_setaffinity: %s", strerror(errno));
-}
-
 static long huge_kb(void *addr)
 {
 	return smaps_field_kb(addr, "AnonHugePages");
@@ -561,7 +531,8 @@ int main(void)
 {
 	watchdog(60);
 	psz = page_size();
-	pin_to_cpu0();
+	if (pin_to_cpu0())
+		tap_diag("sched_setaffinity: %s", strerror(errno));
 	tap_plan(5);
 	if (!node_online(0) || !node_online(1)) {
 		static const char *const names[] = {

@@ -54,37 +54,7 @@ struct area {
 	bool leak;
 };
 
-static void fill_pattern(char *p, size_t len, unsigned int seed)
-{
-	unsigned int x = seed * 2654435761u + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (char)x;
-	}
-}
-
-static long first_diff(const char *a, const char *b, size_t len)
-{
-	for (size_t i = 0; i < len; i++)
-		if (a[i] != b[i])
-			return i;
-	return -1;
-}
-
 /* Keep MADV_PAGEOUT's LRU drain on the CPU that faulted the pages in. */
-static void pin_to_cpu0(void)
-{
-	cpu_set_t set;
-
-	CPU_ZERO(&set);
-	CPU_SET(0, &set);
-	if (sched_setaffinity(0, sizeof(set), &set))
-		tap_diag("sched_setaffinity: %s", strerror(errno));
-}
-
 static bool is_swapped(uint64_t e)
 {
 	return (e & PM_SWAP) && !(e & PM_PRESENT) && PM_SWAP_TYPE(e) == 0 &&
@@ -381,7 +351,8 @@ int main(void)
 {
 	watchdog(60);
 	psz = page_size();
-	pin_to_cpu0();
+	if (pin_to_cpu0())
+		tap_diag("sched_setaffinity: %s", strerror(errno));
 	tap_plan(3);
 	test_swapped_write_one_message();
 	test_wake_refaults();

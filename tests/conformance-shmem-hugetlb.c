@@ -57,26 +57,6 @@ struct area {
 	bool leak;
 };
 
-static void fill_pattern(char *p, size_t len, unsigned int seed)
-{
-	unsigned int x = seed * 2654435761u + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (char)x;
-	}
-}
-
-static long first_diff(const char *a, const char *b, size_t len)
-{
-	for (size_t i = 0; i < len; i++)
-		if (a[i] != b[i])
-			return i;
-	return -1;
-}
-
 static bool is_hugetlb(enum kind kind)
 {
 	return kind == HUGETLB_MEMFD || kind == HUGETLB_PRIVATE;

@@ -55,41 +55,11 @@ struct area {
 	bool leak;
 };
 
-static void fill_pattern(char *p, size_t len, unsigned int seed)
-{
-	unsigned int x = seed * 2654435761u + 1;
-
-	for (size_t i = 0; i < len; i++) {
-		x ^= x << 13;
-		x ^= x >> 17;
-		x ^= x << 5;
-		p[i] = (char)x;
-	}
-}
-
-static long first_diff(const char *a, const char *b, size_t len)
-{
-	for (size_t i = 0; i < len; i++)
-		if (a[i] != b[i])
-			return i;
-	return -1;
-}
-
 /*
  * MADV_PAGEOUT only reclaims pages that reached the LRU; pages faulted in
  * on another CPU can sit in that CPU's LRU batch.  Keep the whole program
  * on CPU 0 so the madvise's own drain covers them.
  */
-static void pin_to_cpu0(void)
-{
-	cpu_set_t set;
-
-	CPU_ZERO(&set);
-	CPU_SET(0, &set);
-	if (sched_setaffinity(0, sizeof(set), &set))
-		tap_diag("sched_setaffinity: %s", strerror(errno));
-}
-
 /* True if E is a swap entry of a real slot on swap device 0 (zram). */
 static bool is_swapped(uint64_t e)
 {
@@ -487,7 +457,8 @@ int main(void)
 {
 	watchdog(60);
 	psz = page_size();
-	pin_to_cpu0();
+	if (pin_to_cpu0())
+		tap_diag("sched_setaffinity: %s", strerror(errno));
 	tap_plan(5);
 	test_pageout_keeps_wp();
 	test_read_no_message();

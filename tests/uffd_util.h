@@ -77,6 +77,14 @@ struct resolver {
 int resolver_start(struct resolver *r, int uffd);
 void resolver_stop(struct resolver *r);
 
+/* Fill P with a pseudo-random pattern derived from SEED (xorshift). */
+void fill_pattern(char *p, size_t len, unsigned int seed);
+/* Offset of the first byte where A and B differ, or -1. */
+long first_diff(const char *a, const char *b, size_t len);
+/* Run the calling thread on CPU 0 only: 0 or -errno.  MADV_PAGEOUT and
+ * move_pages() see every page once the LRU batches of one CPU drain. */
+int pin_to_cpu0(void);
+
 /* Kill the process with a failure line if it runs longer than SECONDS. */
 void watchdog(int seconds);
 /* Milliseconds of CLOCK_MONOTONIC. */
