@@ -13,6 +13,6 @@ targets=()
 for t in "$@"; do targets+=("$out/$t"); done
 command -v "$GUEST_CC" >/dev/null || die "lane $LANE needs $GUEST_CC (run scripts/deps.sh)"
 step "guest $LANE: building static binaries"
-make -s -C "$TOP" -f guest/guest.mk -j"$(nproc)" OUT="$out" CC="$GUEST_CC" \
+make -s -C "$TOP" -f guest/guest.mk -j"$(nproc)" OUT="$out" CC="$GUEST_CC" AR="${GUEST_CC%gcc}ar" \
 	UAPI="$obj/uapi" KSRC="$tree" ${targets[@]+"${targets[@]}"} >&2
 echo "$out"

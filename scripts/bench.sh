@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# bench.sh LANE...: everything `make bench` does.  For each lane: build the
+# kernel and the guest programs, boot a guest sized for the benchmarks
+# (GUEST_MEM_MB, no hugetlb reservation) with guest/plans/bench.plan, then
+# turn the samples in its console into build/results/bench-LANE.csv, a
+# table with ratios to each benchmark's baseline, and SVG plots in
+# build/results/plots/.  A benchmark program that fails its own
+# correctness checks is reported in build/results/bench-LANE.tap.
+. "$(dirname "$0")/lib.sh"
+[ $# -gt 0 ] || set -- x86_64
+results=$BUILD/results
+mkdir -p "$results"
+"$TOP/scripts/deps.sh"
+rc=0
+for lane in "$@"; do
+	load_lane "$lane"
+	step "bench $lane"
+	obj=$("$TOP/scripts/build-kernel.sh" "$lane")
+	guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj")
+	plan=$TOP/guest/plans/bench.plan
+	initrd=$guest/bench.cpio
+	"$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"
+	console=$results/bench-$lane.console
+	tmo=$(awk '!/^[[:space:]]*(#|$)/ { t += $3 } END { print t + 180 }' "$plan")
+	GUEST_MEM_MB=${BENCH_MEM_MB:-6144} GUEST_HUGEPAGES=${BENCH_HUGEPAGES:-8} \
+		"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" "$tmo"
+	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/bench-$lane.tap" || rc=1
+	grep '^not ok' "$results/bench-$lane.tap" | sed 's/^/  /' >&2 || true
+	"$TOP/scripts/bench-report.py" "$lane" "$console" "$results/bench-$lane.csv" \
+		"$results/plots" | tee "$results/bench-$lane.txt" || rc=1
+done
+exit $rc
