@@ -11,14 +11,27 @@ KSRC ?=
 
 CFLAGS_COMMON := -std=gnu11 -O2 -g -Wall -Wextra -Werror -static -pthread \
 		 -isystem $(UAPI)/include
-CFLAGS_OURS   := $(CFLAGS_COMMON) -Iinclude -Itests
+CFLAGS_OURS   := $(CFLAGS_COMMON) -Iinclude -Itests -Ibench
+
+# libuffdwp (lib/*.c, include/uffdwp.h) as a static archive for the guest.
+LIB_SRCS := $(wildcard lib/*.c)
+LIB_OBJS := $(patsubst lib/%.c,$(OUT)/lib/%.o,$(LIB_SRCS))
+LIB_A    := $(if $(LIB_SRCS),$(OUT)/libuffdwp.a)
 
 # Our programs: the PID 1, the demo, and one conformance suite per area.
 TEST_SRCS := $(wildcard tests/*.c)
-TEST_LIB  := $(filter tests/tap.c tests/uffd_util.c,$(TEST_SRCS))
+TEST_LIB  := $(filter tests/tap.c tests/uffd_util.c tests/uffd_ring.c,$(TEST_SRCS))
 SUITES    := $(filter-out $(TEST_LIB),$(TEST_SRCS))
 OURS := $(OUT)/init $(OUT)/bin/catch-writes \
 	$(patsubst tests/%.c,$(OUT)/bin/%,$(SUITES))
+
+# Benchmarks (bench/NAME.c -> bin/bench-NAME, sharing bench/bench_util.c),
+# the uffdwp tool and the fuzzer.
+BENCH_LIB  := $(wildcard bench/bench_util.c)
+BENCH_SRCS := $(filter-out $(BENCH_LIB),$(wildcard bench/*.c))
+OURS += $(patsubst bench/%.c,$(OUT)/bin/bench-%,$(BENCH_SRCS))
+OURS += $(if $(wildcard tools/uffdwp.c),$(OUT)/bin/uffdwp)
+OURS += $(patsubst fuzz/%.c,$(OUT)/bin/fuzz-%,$(wildcard fuzz/*.c))
 
 # The tree's selftests, compiled the way tools/testing/selftests/mm does it.
 ST   := $(KSRC)/tools/testing/selftests/mm
@@ -38,9 +51,29 @@ $(OUT)/bin/catch-writes: demo/catch-writes.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $<
 
-$(OUT)/bin/%: tests/%.c $(TEST_LIB) $(wildcard tests/*.h)
+$(OUT)/lib/%.o: lib/%.c $(wildcard include/*.h lib/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_OURS) -Ilib -c -o $@ $<
+
+$(OUT)/libuffdwp.a: $(LIB_OBJS)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(OUT)/bin/bench-%: bench/%.c $(BENCH_LIB) $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h bench/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(BENCH_LIB) $(TEST_LIB) $(LIB_A) -lm
+
+$(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(LIB_A) -lm
+
+$(OUT)/bin/fuzz-%: fuzz/%.c $(TEST_LIB) $(wildcard tests/*.h fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB)
+
+$(OUT)/bin/%: tests/%.c $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB) $(LIB_A)
 
 $(OUT)/bin/uffd-unit-tests $(OUT)/bin/uffd-stress: $(OUT)/bin/%: $(ST)/%.c $(ST)/uffd-common.c
 	@mkdir -p $(dir $@)
