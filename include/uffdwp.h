@@ -1,0 +1,317 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * uffdwp.h - libuffdwp: live snapshots and dirty-page tracking of the
+ * calling process's memory with userfaultfd write-protection.
+ *
+ * Works on any kernel from 6.12 up: features are probed at run time and
+ * the library falls back (or says why it cannot) when one is missing.
+ *
+ * Conventions (all functions):
+ *   - Errors are returned as a negative errno value; nothing is printed and
+ *     the library never aborts.  Functions returning a pointer-to-object
+ *     take an output argument instead and return 0 or -errno.
+ *   - "Thread safety" says what may be called concurrently.  Unless stated
+ *     otherwise an object must not be used by two threads at once, but
+ *     every other thread of the process may keep reading and writing the
+ *     memory being snapshotted or tracked: that is the point.
+ *   - Memory the library writes (buffers, bitmaps, its objects) is mmap()ed
+ *     before any region is protected, so it never lies inside a region.
+ *
+ * See docs/libuffdwp.md for the design and the choices (THP, unpopulated
+ * memory, fork, kernel-mode accesses).
+ */
+#ifndef UFFDWP_H
+#define UFFDWP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UFFDWP_VERSION_MAJOR 0
+#define UFFDWP_VERSION_MINOR 1
+
+/* One range of the caller's memory: ADDR and LEN page-aligned, LEN > 0. */
+struct uffdwp_region {
+	void *addr;
+	size_t len;
+};
+
+/* ------------------------------------------------------------------ */
+/* Opening and feature probing                                         */
+/* ------------------------------------------------------------------ */
+
+/* uffdwp_open() flags. */
+#define UFFDWP_OPEN_KERNEL_FAULTS (1u << 0) /* do not set UFFD_USER_MODE_ONLY */
+#define UFFDWP_OPEN_NO_DEVICE	  (1u << 1) /* skip /dev/userfaultfd */
+#define UFFDWP_OPEN_NO_SYSCALL	  (1u << 2) /* skip the userfaultfd syscall */
+#define UFFDWP_OPEN_BLOCKING	  (1u << 3) /* no O_NONBLOCK on the fd */
+
+/*
+ * uffdwp_open - open a userfaultfd and negotiate its API.
+ *
+ * Tries /dev/userfaultfd (ioctl USERFAULTFD_IOC_NEW) first, then the
+ * userfaultfd(2) syscall.  The fd is O_CLOEXEC and O_NONBLOCK (unless
+ * UFFDWP_OPEN_BLOCKING) and UFFD_USER_MODE_ONLY (unless
+ * UFFDWP_OPEN_KERNEL_FAULTS): with it, a write to a protected page made by
+ * the kernel on the process's behalf (read(2) into it, for instance) fails
+ * with EFAULT instead of waiting.  UFFDIO_API is then called asking for
+ * FEATURES; *GOT (if not NULL) receives every feature the kernel reports.
+ *
+ * Returns the fd (>= 0) or:
+ *   -EINVAL   unknown bit in FLAGS, or both ways excluded;
+ *   -EPERM    neither way is allowed for this caller (no access to
+ *             /dev/userfaultfd and vm.unprivileged_userfaultfd=0 without
+ *             CAP_SYS_PTRACE);
+ *   -ENOSYS   the kernel has no userfaultfd at all;
+ *   -EOPNOTSUPP  the kernel lacks a feature asked for in FEATURES;
+ *   other     what open/ioctl/syscall returned.
+ * Thread safety: may be called from any thread at any time.
+ */
+int uffdwp_open(unsigned int flags, uint64_t features, uint64_t *got);
+
+/* What this kernel (and this process's permissions) allow. */
+struct uffdwp_features {
+	uint64_t api_features;	/* raw UFFDIO_API features reported */
+	bool device;		/* /dev/userfaultfd could be opened */
+	bool syscall;		/* userfaultfd(2) works (user-mode-only) */
+	bool wp;		/* UFFD_FEATURE_PAGEFAULT_FLAG_WP: sync WP */
+	bool wp_unpopulated;	/* UFFD_FEATURE_WP_UNPOPULATED */
+	bool wp_async;		/* UFFD_FEATURE_WP_ASYNC */
+	bool pagemap_scan;	/* PAGEMAP_SCAN ioctl on /proc/self/pagemap */
+	bool wp_ring;		/* UFFD_FEATURE_WP_RING write-log ring */
+	bool soft_dirty;	/* clear_refs 4 + pagemap bit 55 work */
+	bool thp;		/* transparent hugepages not "never" */
+	size_t page_size;
+};
+
+/*
+ * uffdwp_probe - fill *F with what the running kernel supports.
+ *
+ * Opens (and closes) a userfaultfd, issues a PAGEMAP_SCAN on a scratch
+ * mapping and tests soft-dirty on a scratch page; it changes nothing else
+ * except that soft-dirty probing writes "4" to /proc/self/clear_refs
+ * (clearing soft-dirty bits of the whole process) when no soft-dirty
+ * tracker exists.  Returns 0 (even when userfaultfd is unavailable: every
+ * flag is then false) or -EINVAL if F is NULL.
+ * Thread safety: any thread, any time; the result is cached after the
+ * first call (uffdwp_probe_fresh() probes again).
+ */
+int uffdwp_probe(struct uffdwp_features *f);
+int uffdwp_probe_fresh(struct uffdwp_features *f);
+
+/*
+ * uffdwp_feature_names - write a space-separated list of the features set
+ * in F ("wp wp-unpopulated wp-async pagemap-scan ...") into BUF of SIZE
+ * bytes.  Returns the length it needed (like snprintf) or -EINVAL.
+ * Thread safety: any thread.
+ */
+int uffdwp_feature_names(const struct uffdwp_features *f, char *buf,
+			 size_t size);
+
+/* ------------------------------------------------------------------ */
+/* Snapshot                                                            */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A sink callback receives the snapshot in address order, chunk by chunk:
+ * ADDR is where DATA came from in the process, LEN its length (a multiple
+ * of the page size).  DATA is valid only during the call.  Return 0 to go
+ * on or a negative errno to stop the snapshot with that error.  The
+ * callback runs on the library's copier thread; it must not write to the
+ * snapshotted regions (that would wait for the copier itself).
+ */
+typedef int (*uffdwp_sink_fn)(void *arg, const void *addr, const void *data,
+			      size_t len);
+
+struct uffdwp_snapshot_opts {
+	/* Exactly one sink: SINK_FD >= 0 receives the regions' bytes one
+	 * after the other in address order (write(2), no header), or SINK
+	 * is called.  Set SINK_FD to -1 when using SINK. */
+	int sink_fd;
+	uffdwp_sink_fn sink;
+	void *sink_arg;
+	/* Cap on the side buffer that keeps pages written before the copier
+	 * reached them, in bytes; 0 = 16 MiB; rounded down to pages, at
+	 * least one page.  When it is full a faulting writer waits until the
+	 * copier drains it: data is never lost. */
+	size_t side_cap;
+	/* Flags: UFFDWP_SNAP_*. */
+	unsigned int flags;
+};
+
+#define UFFDWP_SNAP_KERNEL_FAULTS (1u << 0) /* open without USER_MODE_ONLY */
+#define UFFDWP_SNAP_NO_UNPOPULATED (1u << 1) /* do not use WP_UNPOPULATED:
+						populate (read) instead */
+
+struct uffdwp_snapshot_stats {
+	uint64_t pause_ns;	/* protect phase: writers may wait this long */
+	uint64_t start_ns;	/* whole uffdwp_snapshot_start() */
+	uint64_t total_ns;	/* start to copier finished */
+	uint64_t pages;		/* pages in the regions */
+	uint64_t pages_copied;	/* pages sent to the sink so far */
+	uint64_t faults;	/* write faults handled */
+	uint64_t saved;		/* pages copied to the side buffer */
+	uint64_t side_waits;	/* faults that waited for side buffer room */
+	uint64_t side_peak;	/* side buffer high-water mark, bytes */
+	uint64_t side_cap;	/* side buffer cap, bytes */
+	uint64_t fixed_bytes;	/* other memory: chunk buffer + page states */
+	bool used_unpopulated;	/* WP_UNPOPULATED protected empty pages */
+	bool done;		/* copier finished (success or not) */
+	int error;		/* 0, or the -errno that stopped it */
+};
+
+struct uffdwp_snapshot;
+
+/*
+ * uffdwp_snapshot_start - take a point-in-time snapshot of NR regions.
+ *
+ * Registers the regions with a new userfaultfd in sync WP mode, starts the
+ * fault handler and write-protects every region: the snapshot instant is
+ * the end of that protect phase (a writer that faults during it waits until
+ * it ends, so the copy is the memory state at one instant even across
+ * regions).  Then a copier thread streams the regions to the sink in
+ * address order while the caller's threads keep running; a write to a page
+ * not yet copied saves that page to the side buffer first.  Returns at once
+ * after the protect phase; *OUT receives the handle.
+ *
+ * Regions: private anonymous (or shmem/hugetlb if the kernel supports WP
+ * there) read-write memory of this process, page-aligned, non-empty,
+ * non-overlapping, not registered with another userfaultfd; they must stay
+ * mapped until the snapshot is done.  Regions may be given in any order.
+ *
+ * Returns 0 or:
+ *   -EINVAL   bad pointer, NR 0, unaligned/empty/overlapping region, no sink
+ *             or two sinks, unknown flag;
+ *   -EOPNOTSUPP  no sync WP on anonymous memory (UFFD_FEATURE_PAGEFAULT_FLAG_WP);
+ *   -EBUSY    a region is registered with another userfaultfd;
+ *   -ENOMEM   out of memory;
+ *   other     from uffdwp_open() or the kernel.
+ * Thread safety: any thread; several snapshots of disjoint regions may run
+ * at once.
+ */
+int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
+			  const struct uffdwp_region *regions, size_t nr,
+			  const struct uffdwp_snapshot_opts *opts);
+
+/*
+ * uffdwp_snapshot_wait - wait until the copier is done.  TIMEOUT_MS < 0
+ * waits forever.  Returns 0 when the snapshot completed, -ETIMEDOUT,
+ * -ECANCELED after uffdwp_snapshot_cancel(), or the error that stopped it
+ * (a sink error, -EIO on a failed protect/unprotect).
+ * Thread safety: one waiter at a time; concurrently with cancel and stats.
+ */
+int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms);
+
+/*
+ * uffdwp_snapshot_cancel - stop the copier, unprotect everything and wake
+ * every waiting writer.  Pages not yet sent never reach the sink.  Returns
+ * 0, or -EALREADY if the snapshot had already finished.
+ * Thread safety: any thread, concurrently with wait and stats; not from
+ * the sink callback (return an error from it instead).
+ */
+int uffdwp_snapshot_cancel(struct uffdwp_snapshot *s);
+
+/* uffdwp_snapshot_stats - copy the counters.  Returns 0 or -EINVAL.
+ * Thread safety: any thread, any time while S exists. */
+int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
+			  struct uffdwp_snapshot_stats *st);
+
+/*
+ * uffdwp_snapshot_free - cancel if still running, stop the threads,
+ * unregister and free.  NULL is ignored.
+ * Thread safety: once, when no other call on S runs.
+ */
+void uffdwp_snapshot_free(struct uffdwp_snapshot *s);
+
+/* ------------------------------------------------------------------ */
+/* Dirty tracker                                                       */
+/* ------------------------------------------------------------------ */
+
+enum uffdwp_backend {
+	UFFDWP_BACKEND_AUTO = 0,	/* the best available, in this order: */
+	UFFDWP_BACKEND_RING,		/* UFFD_FEATURE_WP_RING write log */
+	UFFDWP_BACKEND_PAGEMAP_SCAN,	/* WP_ASYNC + PAGEMAP_SCAN */
+	UFFDWP_BACKEND_SOFT_DIRTY,	/* clear_refs 4 + pagemap bit 55 */
+	UFFDWP_BACKEND_MPROTECT,	/* mprotect + SIGSEGV */
+	UFFDWP_BACKEND_COUNT
+};
+
+/* "auto", "ring", "pagemap-scan", "soft-dirty", "mprotect"; NULL if B is
+ * out of range.  Thread safety: any thread. */
+const char *uffdwp_backend_name(enum uffdwp_backend b);
+/* The backend named NAME (as above), or -EINVAL. */
+int uffdwp_backend_from_name(const char *name);
+
+/*
+ * uffdwp_backend_available - 0 if backend B can work here, else the
+ * -errno uffdwp_tracker_new() would return for it (-EOPNOTSUPP: the
+ * kernel lacks it; -EBUSY: soft-dirty is already used by a tracker;
+ * -EINVAL: bad B).  uffdwp_backend_choose() returns the backend AUTO
+ * would pick.  Thread safety: any thread.
+ */
+int uffdwp_backend_available(enum uffdwp_backend b);
+enum uffdwp_backend uffdwp_backend_choose(void);
+
+struct uffdwp_tracker;
+
+/*
+ * uffdwp_tracker_new - start tracking writes to NR regions (same rules as
+ * for snapshots).  Every page counts as clean at this point.
+ *
+ * Backend notes: soft-dirty clears the soft-dirty bits of the whole
+ * process on every collect, so only one soft-dirty tracker may exist per
+ * process; with it, a write racing with collect may be missed (the kernel
+ * offers no atomic read-and-clear).  mprotect installs a SIGSEGV handler
+ * (chaining to the previous one for faults outside trackers) and changes
+ * the regions' protection; a kernel write into a tracked page (read(2)
+ * into it) fails with EFAULT.  Memory backed by transparent hugepages may
+ * be reported a whole 2 MiB extent at a time by the ring, PAGEMAP_SCAN
+ * and soft-dirty backends.
+ *
+ * Returns 0 or:
+ *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND;
+ *   -EOPNOTSUPP  the forced backend (or, for AUTO, every backend) is
+ *             unavailable on this kernel;
+ *   -EBUSY    a soft-dirty tracker exists already / region registered;
+ *   -ENOSPC   (mprotect) too many mprotect trackers (limit 16);
+ *   -ENOMEM, or what the kernel returned.
+ * Thread safety: any thread.
+ */
+int uffdwp_tracker_new(struct uffdwp_tracker **out,
+		       const struct uffdwp_region *regions, size_t nr,
+		       enum uffdwp_backend backend);
+
+/* The backend T uses.  Thread safety: any thread. */
+enum uffdwp_backend uffdwp_tracker_backend(const struct uffdwp_tracker *t);
+
+/*
+ * uffdwp_tracker_collect - the pages written since the previous collect
+ * (or since uffdwp_tracker_new()).
+ *
+ * Stores up to MAX page addresses, ascending, in PAGES and returns how many
+ * it stored.  Pages that did not fit stay pending and come first in the
+ * next call, so a return value equal to MAX means "call again".  Pages
+ * are reported once per collect even if written many times.  Read the
+ * pages' contents after the call: a write that lands during the call is
+ * then either in what you read or reported by the next call.
+ * Returns the count or -EINVAL (NULL T, NULL PAGES with MAX > 0), or an
+ * error from the kernel.
+ * Thread safety: one collector at a time per tracker; writers may run.
+ */
+ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
+			       size_t max);
+
+/* Stop tracking (unprotect, restore protections) and free.  NULL ignored.
+ * Thread safety: once, when no other call on T runs. */
+void uffdwp_tracker_free(struct uffdwp_tracker *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UFFDWP_H */

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * internal.h: what the files of libuffdwp share and do not export.
+ * Every helper returns 0 (or a count) or -errno, like the public API.
+ */
+#ifndef UFFDWP_INTERNAL_H
+#define UFFDWP_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "uffdwp.h"
+#include "uapi_compat.h"
+
+#define UW_HPAGE_SIZE	(2UL << 20)
+
+size_t uw_page_size(void);
+uint64_t uw_now_ns(void);
+/* ioctl retried on EINTR and EAGAIN (mmap_changing): 0 or -errno. */
+int uw_ioctl(int fd, unsigned long req, void *arg);
+/* Anonymous private memory from mmap (never inside a tracked region):
+ * NULL on failure.  uw_free() takes the length uw_alloc() was given. */
+void *uw_alloc(size_t len);
+void uw_free(void *p, size_t len);
+
+/* A validated, address-sorted copy of the caller's regions with a page
+ * index over all of them. */
+struct uw_regions {
+	size_t nr;
+	struct uffdwp_region *r;	/* sorted by address */
+	size_t *first;			/* page index of r[i]'s first page */
+	size_t pages;			/* total */
+	size_t alloc_len;
+};
+int uw_regions_init(struct uw_regions *rs, const struct uffdwp_region *r,
+		    size_t nr);
+void uw_regions_fini(struct uw_regions *rs);
+/* Page index of ADDR, or -1 if outside every region. */
+long uw_page_index(const struct uw_regions *rs, uintptr_t addr);
+uintptr_t uw_page_addr(const struct uw_regions *rs, size_t idx);
+
+/* userfaultfd helpers. */
+int uw_register_wp(int uffd, const struct uw_regions *rs);
+void uw_unregister(int uffd, const struct uw_regions *rs);
+int uw_protect(int uffd, uintptr_t addr, size_t len, bool wp, bool wake);
+/* MADV_POPULATE_READ (or touch) every page of the regions so that WP
+ * without WP_UNPOPULATED covers them. */
+int uw_populate_read(const struct uw_regions *rs);
+
+/* Soft-dirty: one user per process. */
+int uw_soft_dirty_claim(void);
+void uw_soft_dirty_release(void);
+bool uw_soft_dirty_in_use(void);
+int uw_clear_refs_soft_dirty(void);
+
+/* Atomic bitmap. */
+static inline void uw_bit_set(_Atomic uint64_t *map, size_t i)
+{
+	atomic_fetch_or_explicit(&map[i / 64], 1ULL << (i % 64),
+				 memory_order_relaxed);
+}
+
+/* Trackers: each backend provides these operations. */
+struct uffdwp_tracker;
+struct uw_tracker_ops {
+	int (*start)(struct uffdwp_tracker *t);
+	/* OR every page written since the last gather into t->pending. */
+	int (*gather)(struct uffdwp_tracker *t);
+	void (*stop)(struct uffdwp_tracker *t);
+};
+
+struct uffdwp_tracker {
+	enum uffdwp_backend backend;
+	const struct uw_tracker_ops *ops;
+	struct uw_regions rs;
+	_Atomic uint64_t *pending;	/* one bit per page, to report */
+	size_t words;
+	/* backend state */
+	int uffd;
+	bool registered;		/* uffd registered the regions */
+	int pagemap_fd;
+	void *ring;			/* ring mapping */
+	size_t ring_len;
+	uint64_t ring_consumer;
+	struct page_region *vec;	/* PAGEMAP_SCAN output */
+	size_t vec_len;
+	_Atomic uint64_t *faulted;	/* mprotect: set by SIGSEGV handler */
+	int slot;			/* mprotect: handler table slot */
+};
+
+extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
+	uw_mprotect_ops;
+
+/* PAGEMAP_SCAN over every region: pages written (PAGE_IS_WRITTEN) are set
+ * in t->pending and protected again.  Shared by the scan and ring
+ * backends. */
+int uw_scan_written(struct uffdwp_tracker *t);
+/* Open a WP_ASYNC userfaultfd (EXTRA: more features), run SETUP (if any)
+ * before registering, register and protect every region; and undo it. */
+int uw_async_start(struct uffdwp_tracker *t, uint64_t extra,
+		   int (*setup)(struct uffdwp_tracker *t));
+void uw_async_stop(struct uffdwp_tracker *t);
+/* Set the pending bits of [addr, addr + len) clipped to the regions. */
+void uw_mark_range(struct uffdwp_tracker *t, uintptr_t addr, size_t len);
+
+#endif

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: GPL-2.0
+/* probe.c: what the running kernel supports, asked once and cached. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct uffdwp_features cached;
+static bool have_cached;
+
+static bool can_open(unsigned int flags, uint64_t *features)
+{
+	int fd = uffdwp_open(flags, 0, features);
+
+	if (fd < 0)
+		return false;
+	close(fd);
+	return true;
+}
+
+static bool probe_pagemap_scan(void)
+{
+	size_t psz = uw_page_size();
+	struct page_region vec[1];
+	struct pm_scan_arg arg = { .size = sizeof(arg) };
+	char *p = uw_alloc(psz);
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	bool ok = false;
+
+	if (p && fd >= 0) {
+		p[0] = 1;
+		arg.start = (uintptr_t)p;
+		arg.end = (uintptr_t)p + psz;
+		arg.vec = (uintptr_t)vec;
+		arg.vec_len = 1;
+		arg.category_mask = PAGE_IS_PRESENT;
+		arg.return_mask = PAGE_IS_PRESENT;
+		ok = ioctl(fd, PAGEMAP_SCAN, &arg) == 1;
+	}
+	if (fd >= 0)
+		close(fd);
+	uw_free(p, psz);
+	return ok;
+}
+
+static int pagemap_soft_dirty(int fd, void *addr)
+{
+	uint64_t e;
+	off_t off = (off_t)((uintptr_t)addr / uw_page_size() * 8);
+
+	if (pread(fd, &e, 8, off) != 8)
+		return -1;
+	return (e >> 55) & 1;
+}
+
+static bool probe_soft_dirty(void)
+{
+	size_t psz = uw_page_size();
+	volatile char *p = uw_alloc(psz);
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	bool ok = false;
+
+	if (p && fd >= 0) {
+		p[0] = 1;
+		if (!uw_clear_refs_soft_dirty() &&
+		    pagemap_soft_dirty(fd, (void *)p) == 0) {
+			p[0] = 2;
+			ok = pagemap_soft_dirty(fd, (void *)p) == 1;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	uw_free((void *)p, psz);
+	return ok;
+}
+
+static bool probe_thp(void)
+{
+	char buf[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "re");
+
+	if (!f)
+		return false;
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = 0;
+	fclose(f);
+	return buf[0] && !strstr(buf, "[never]");
+}
+
+static void probe(struct uffdwp_features *f)
+{
+	uint64_t a = 0, b = 0;
+
+	memset(f, 0, sizeof(*f));
+	f->page_size = uw_page_size();
+	f->device = can_open(UFFDWP_OPEN_NO_SYSCALL, &a);
+	f->syscall = can_open(UFFDWP_OPEN_NO_DEVICE, &b);
+	f->api_features = a | b;
+	f->wp = f->api_features & UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+	f->wp_unpopulated = f->wp &&
+			    (f->api_features & UFFD_FEATURE_WP_UNPOPULATED);
+	f->wp_async = f->wp && (f->api_features & UFFD_FEATURE_WP_ASYNC);
+	f->pagemap_scan = probe_pagemap_scan();
+	f->wp_ring = f->wp_async && (f->api_features & UFFD_FEATURE_WP_RING);
+	/* Never clear the bits under a live soft-dirty tracker. */
+	f->soft_dirty = uw_soft_dirty_in_use() ? cached.soft_dirty :
+		       probe_soft_dirty();
+	f->thp = probe_thp();
+}
+
+int uffdwp_probe_fresh(struct uffdwp_features *f)
+{
+	struct uffdwp_features tmp;
+
+	if (!f)
+		return -EINVAL;
+	probe(&tmp);
+	pthread_mutex_lock(&probe_lock);
+	cached = tmp;
+	have_cached = true;
+	*f = cached;
+	pthread_mutex_unlock(&probe_lock);
+	return 0;
+}
+
+int uffdwp_probe(struct uffdwp_features *f)
+{
+	if (!f)
+		return -EINVAL;
+	pthread_mutex_lock(&probe_lock);
+	if (have_cached) {
+		*f = cached;
+		pthread_mutex_unlock(&probe_lock);
+		return 0;
+	}
+	pthread_mutex_unlock(&probe_lock);
+	return uffdwp_probe_fresh(f);
+}
+
+int uffdwp_feature_names(const struct uffdwp_features *f, char *buf,
+			 size_t size)
+{
+	static const struct { size_t off; const char *name; } names[] = {
+		{ offsetof(struct uffdwp_features, device), "device" },
+		{ offsetof(struct uffdwp_features, syscall), "syscall" },
+		{ offsetof(struct uffdwp_features, wp), "wp" },
+		{ offsetof(struct uffdwp_features, wp_unpopulated), "wp-unpopulated" },
+		{ offsetof(struct uffdwp_features, wp_async), "wp-async" },
+		{ offsetof(struct uffdwp_features, pagemap_scan), "pagemap-scan" },
+		{ offsetof(struct uffdwp_features, wp_ring), "wp-ring" },
+		{ offsetof(struct uffdwp_features, soft_dirty), "soft-dirty" },
+		{ offsetof(struct uffdwp_features, thp), "thp" },
+	};
+	size_t n = 0;
+
+	if (!f || (!buf && size))
+		return -EINVAL;
+	if (size)
+		buf[0] = 0;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		if (!*(const bool *)((const char *)f + names[i].off))
+			continue;
+		int k = snprintf(n < size ? buf + n : NULL,
+				 n < size ? size - n : 0, "%s%s",
+				 n ? " " : "", names[i].name);
+		n += (size_t)k;
+	}
+	return (int)n;
+}

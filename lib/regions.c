@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: GPL-2.0
+/* regions.c: validating and indexing the caller's list of regions. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+static int cmp_region(const void *a, const void *b)
+{
+	uintptr_t x = (uintptr_t)((const struct uffdwp_region *)a)->addr;
+	uintptr_t y = (uintptr_t)((const struct uffdwp_region *)b)->addr;
+
+	return x < y ? -1 : x > y;
+}
+
+int uw_regions_init(struct uw_regions *rs, const struct uffdwp_region *r,
+		    size_t nr)
+{
+	size_t psz = uw_page_size();
+	char *mem;
+
+	memset(rs, 0, sizeof(*rs));
+	if (!r || nr == 0 || nr > (1u << 20))
+		return -EINVAL;
+	for (size_t i = 0; i < nr; i++) {
+		uintptr_t a = (uintptr_t)r[i].addr;
+
+		if (!a || !r[i].len || a % psz || r[i].len % psz ||
+		    a + r[i].len < a)
+			return -EINVAL;
+	}
+	rs->alloc_len = (nr * (sizeof(*rs->r) + sizeof(*rs->first)) + psz - 1)
+			/ psz * psz;
+	mem = uw_alloc(rs->alloc_len);
+	if (!mem)
+		return -ENOMEM;
+	rs->r = (struct uffdwp_region *)mem;
+	rs->first = (size_t *)(mem + nr * sizeof(*rs->r));
+	rs->nr = nr;
+	memcpy(rs->r, r, nr * sizeof(*r));
+	qsort(rs->r, nr, sizeof(*rs->r), cmp_region);
+	for (size_t i = 0; i < nr; i++) {
+		if (i && (uintptr_t)rs->r[i - 1].addr + rs->r[i - 1].len >
+			 (uintptr_t)rs->r[i].addr) {
+			uw_regions_fini(rs);
+			return -EINVAL;
+		}
+		rs->first[i] = rs->pages;
+		rs->pages += rs->r[i].len / psz;
+	}
+	return 0;
+}
+
+void uw_regions_fini(struct uw_regions *rs)
+{
+	uw_free(rs->r, rs->alloc_len);
+	memset(rs, 0, sizeof(*rs));
+}
+
+long uw_page_index(const struct uw_regions *rs, uintptr_t addr)
+{
+	size_t lo = 0, hi = rs->nr;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		uintptr_t a = (uintptr_t)rs->r[mid].addr;
+
+		if (addr < a)
+			hi = mid;
+		else if (addr >= a + rs->r[mid].len)
+			lo = mid + 1;
+		else
+			return (long)(rs->first[mid] + (addr - a) / uw_page_size());
+	}
+	return -1;
+}
+
+uintptr_t uw_page_addr(const struct uw_regions *rs, size_t idx)
+{
+	size_t lo = 0, hi = rs->nr;
+
+	/* The last region whose first page is <= idx. */
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+
+		if (rs->first[mid] <= idx)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return (uintptr_t)rs->r[lo].addr + (idx - rs->first[lo]) * uw_page_size();
+}
+
+int uw_populate_read(const struct uw_regions *rs)
+{
+	size_t psz = uw_page_size();
+
+	for (size_t i = 0; i < rs->nr; i++) {
+		volatile const char *p = rs->r[i].addr;
+
+#ifdef MADV_POPULATE_READ
+		if (!madvise(rs->r[i].addr, rs->r[i].len, MADV_POPULATE_READ))
+			continue;
+		if (errno != EINVAL)
+			return -errno;
+#endif
+		for (size_t off = 0; off < rs->r[i].len; off += psz)
+			(void)p[off];
+	}
+	return 0;
+}

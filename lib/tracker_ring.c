@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * tracker_ring.c: the write-log ring backend (UFFD_FEATURE_WP_RING).  The
+ * kernel appends the address of every page whose WP bit a write cleared to
+ * a ring mapped read-only here; collect reads the new entries and one
+ * UFFDIO_RING_RESET protects them all again.  On overflow a PAGEMAP_SCAN
+ * over the regions finds every written page instead.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+#define RING_MIN	64
+#define RING_MAX	(1u << 16)
+
+static int ring_setup(struct uffdwp_tracker *t)
+{
+	struct uffdio_ring_setup rs = { .entries = RING_MIN };
+	void *p;
+	int err;
+
+	while (rs.entries < t->rs.pages && rs.entries < RING_MAX)
+		rs.entries <<= 1;
+	err = uw_ioctl(t->uffd, UFFDIO_RING_SETUP, &rs);
+	if (err)
+		return err;
+	p = mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, t->uffd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	t->ring = p;
+	t->ring_len = rs.mmap_size;
+	t->ring_consumer = ((struct uffd_ring_header *)p)->consumer;
+	return 0;
+}
+
+static int ring_start(struct uffdwp_tracker *t)
+{
+	return uw_async_start(t, UFFD_FEATURE_WP_RING, ring_setup);
+}
+
+static int ring_gather(struct uffdwp_tracker *t)
+{
+	struct uffd_ring_header *h = t->ring;
+	const uint64_t *ent = (const uint64_t *)((const char *)t->ring +
+						 h->entry_offset);
+	uint64_t n = h->entries;
+	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
+	bool overflow = __atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
+			UFFD_RING_OVERFLOW;
+	struct uffdio_ring_reset rr = { .consumer = prod };
+	int err;
+
+	if (prod - t->ring_consumer > n)
+		overflow = true;
+	else
+		for (uint64_t i = t->ring_consumer; i < prod; i++) {
+			uint64_t e = ent[i & (n - 1)];
+
+			uw_mark_range(t, e & UFFD_RING_ENTRY_ADDR_MASK,
+				      e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE :
+				      uw_page_size());
+		}
+	if (overflow)
+		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
+	/* Protects the logged pages again: read them only after this. */
+	err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
+	if (err)
+		return err;
+	t->ring_consumer = prod;
+	return overflow ? uw_scan_written(t) : 0;
+}
+
+static void ring_stop(struct uffdwp_tracker *t)
+{
+	if (t->ring)
+		munmap(t->ring, t->ring_len);
+	t->ring = NULL;
+	uw_async_stop(t);
+}
+
+const struct uw_tracker_ops uw_ring_ops = {
+	.start = ring_start,
+	.gather = ring_gather,
+	.stop = ring_stop,
+};

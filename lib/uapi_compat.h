@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * uapi_compat.h: the uAPI pieces libuffdwp needs that older installed
+ * headers lack (WP_UNPOPULATED 6.4, WP_ASYNC and PAGEMAP_SCAN 6.7, the
+ * write-log ring not merged yet).  Values are the kernel's; each is only
+ * defined when the headers do not define it, and whether the running
+ * kernel supports it is always probed at run time.
+ */
+#ifndef UFFDWP_UAPI_COMPAT_H
+#define UFFDWP_UAPI_COMPAT_H
+
+#include <linux/fs.h>
+#include <linux/ioctl.h>
+#include <linux/types.h>
+#include <linux/userfaultfd.h>
+
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+#ifndef USERFAULTFD_IOC_NEW
+#define USERFAULTFD_IOC		0xAA
+#define USERFAULTFD_IOC_NEW	_IO(USERFAULTFD_IOC, 0x00)
+#endif
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED	(1 << 13)
+#endif
+#ifndef UFFD_FEATURE_WP_ASYNC
+#define UFFD_FEATURE_WP_ASYNC		(1 << 15)
+#endif
+
+/* PAGEMAP_SCAN (fs/proc/task_mmu.c). */
+#ifndef PAGEMAP_SCAN
+#define PAGEMAP_SCAN	_IOWR('f', 16, struct pm_scan_arg)
+#define PAGE_IS_WPALLOWED	(1 << 0)
+#define PAGE_IS_WRITTEN		(1 << 1)
+#define PAGE_IS_FILE		(1 << 2)
+#define PAGE_IS_PRESENT		(1 << 3)
+#define PAGE_IS_SWAPPED		(1 << 4)
+#define PAGE_IS_PFNZERO		(1 << 5)
+#define PAGE_IS_HUGE		(1 << 6)
+#define PAGE_IS_SOFT_DIRTY	(1 << 7)
+struct page_region {
+	__u64 start;
+	__u64 end;
+	__u64 categories;
+};
+#define PM_SCAN_WP_MATCHING	(1 << 0)
+#define PM_SCAN_CHECK_WPASYNC	(1 << 1)
+struct pm_scan_arg {
+	__u64 size;
+	__u64 flags;
+	__u64 start;
+	__u64 end;
+	__u64 walk_end;
+	__u64 vec;
+	__u64 vec_len;
+	__u64 max_pages;
+	__u64 category_inverted;
+	__u64 category_mask;
+	__u64 category_anyof_mask;
+	__u64 return_mask;
+};
+#endif
+
+/* Write-log ring (docs: shared ring-uapi.md; being added to the kernel). */
+#ifndef UFFD_FEATURE_WP_RING
+#define UFFD_FEATURE_WP_RING	(1 << 17)
+#define _UFFDIO_RING_SETUP	(0x09)
+#define _UFFDIO_RING_RESET	(0x0A)
+struct uffdio_ring_setup {
+	__u64 entries;
+	__u64 flags;
+	__u64 mmap_size;
+};
+struct uffd_ring_header {
+	__u64 producer;
+	__u64 consumer;
+	__u64 entries;
+	__u64 flags;
+	__u64 entry_offset;
+};
+#define UFFD_RING_OVERFLOW	(1ULL << 0)
+#define UFFD_RING_ENTRY_HUGE	(1ULL << 0)
+struct uffdio_ring_reset {
+	__u64 consumer;
+	__u64 flags;
+	__u64 reprotected;
+};
+#define UFFDIO_RING_RESET_CLEAR_OVERFLOW (1ULL << 0)
+#define UFFDIO_RING_SETUP _IOWR(UFFDIO, _UFFDIO_RING_SETUP, struct uffdio_ring_setup)
+#define UFFDIO_RING_RESET _IOWR(UFFDIO, _UFFDIO_RING_RESET, struct uffdio_ring_reset)
+#endif
+
+/* Not part of the kernel's uAPI: entries keep flags below the page size. */
+#ifndef UFFD_RING_ENTRY_ADDR_MASK
+#define UFFD_RING_ENTRY_ADDR_MASK (~0xfffULL)
+#endif
+
+#endif
