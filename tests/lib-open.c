@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * lib-open: libuffdwp's opening and feature probing.
+ *  - uffdwp_probe() reports a consistent feature set, cached and fresh alike;
+ *  - uffdwp_open() gives a non-blocking, close-on-exec fd with the features
+ *    asked for, by either way (device node, syscall) the caller may use;
+ *  - the default fd is user-mode-only: a kernel write into a protected page
+ *    fails with EFAULT instead of waiting;
+ *  - a feature the kernel lacks is -EOPNOTSUPP, bad flags -EINVAL;
+ *  - feature and backend names round-trip.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "uffdwp.h"
+
+#ifndef UFFD_FEATURE_WP_RING
+#define UFFD_FEATURE_WP_RING (1 << 17)
+#endif
+
+static struct uffdwp_features f;
+
+static void t_probe(void)
+{
+	struct uffdwp_features g;
+	int e1 = uffdwp_probe(&f), e2 = uffdwp_probe_fresh(&g);
+
+	tap_diag("kernel features: api %#llx wp %d unpopulated %d async %d scan %d ring %d soft-dirty %d thp %d",
+		 (unsigned long long)f.api_features, f.wp, f.wp_unpopulated,
+		 f.wp_async, f.pagemap_scan, f.wp_ring, f.soft_dirty, f.thp);
+	tap_check(!e1 && !e2 && uffdwp_probe(NULL) == -EINVAL &&
+		  f.page_size == (size_t)sysconf(_SC_PAGESIZE) &&
+		  (!f.wp_async || f.wp) && (!f.wp_unpopulated || f.wp) &&
+		  (!f.wp_ring || f.wp_async) &&
+		  f.wp == !!(f.api_features & UFFD_FEATURE_PAGEFAULT_FLAG_WP) &&
+		  f.api_features == g.api_features && f.wp == g.wp &&
+		  f.pagemap_scan == g.pagemap_scan,
+		  "probe-consistent", "probe %d/%d, inconsistent set (wp %d async %d ring %d api %#llx vs %#llx)",
+		  e1, e2, f.wp, f.wp_async, f.wp_ring,
+		  (unsigned long long)f.api_features,
+		  (unsigned long long)g.api_features);
+}
+
+static void t_open_default(void)
+{
+	uint64_t got = 0;
+	int fd = uffdwp_open(0, f.wp ? UFFD_FEATURE_PAGEFAULT_FLAG_WP : 0, &got);
+	int fl, fdf;
+
+	if (fd == -EPERM || fd == -ENOSYS) {
+		tap_skip("open-default", "no userfaultfd for this process: %s",
+			 strerror(-fd));
+		return;
+	}
+	fl = fcntl(fd, F_GETFL);
+	fdf = fcntl(fd, F_GETFD);
+	tap_check(fd >= 0 && (fl & O_NONBLOCK) && (fdf & FD_CLOEXEC) &&
+		  got == f.api_features, "open-default",
+		  "fd %d flags %#x fdflags %#x got %#llx probe %#llx", fd, fl,
+		  fdf, (unsigned long long)got,
+		  (unsigned long long)f.api_features);
+	if (fd >= 0)
+		close(fd);
+	fd = uffdwp_open(UFFDWP_OPEN_BLOCKING, 0, NULL);
+	fl = fd >= 0 ? fcntl(fd, F_GETFL) : 0;
+	tap_check(fd >= 0 && !(fl & O_NONBLOCK), "open-blocking",
+		  "fd %d flags %#x", fd, fl);
+	if (fd >= 0)
+		close(fd);
+}
+
+static void t_open_ways(void)
+{
+	int fd = uffdwp_open(UFFDWP_OPEN_NO_SYSCALL, 0, NULL);
+
+	if (access("/dev/userfaultfd", R_OK | W_OK))
+		tap_skip("open-device", "/dev/userfaultfd not usable here: %s",
+			 strerror(errno));
+	else
+		tap_check(fd >= 0, "open-device", "open via device: %s",
+			  strerror(-fd));
+	if (fd >= 0)
+		close(fd);
+	fd = uffdwp_open(UFFDWP_OPEN_NO_DEVICE, 0, NULL);
+	if (fd == -EPERM)
+		tap_skip("open-syscall", "userfaultfd(2) not allowed for this caller");
+	else
+		tap_check(fd >= 0, "open-syscall", "open via syscall: %s",
+			  strerror(-fd));
+	if (fd >= 0)
+		close(fd);
+}
+
+/* Default fds are UFFD_USER_MODE_ONLY: read(2) into a protected page must
+ * fail with EFAULT, not wait for a handler that never comes. */
+static void t_user_mode_only(void)
+{
+	long psz = sysconf(_SC_PAGESIZE);
+	char *p = mmap(NULL, psz, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdio_register reg = { .range = { (uintptr_t)p, psz },
+				       .mode = UFFDIO_REGISTER_MODE_WP };
+	struct uffdio_writeprotect wp = { .range = { (uintptr_t)p, psz },
+					  .mode = UFFDIO_WRITEPROTECT_MODE_WP };
+	int pfd[2], fd;
+	ssize_t n;
+
+	if (!f.wp) {
+		tap_skip("open-user-mode-only", "kernel has no sync write-protect");
+		return;
+	}
+	p[0] = 1;
+	fd = uffdwp_open(0, UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
+	if (fd < 0 || pipe(pfd) || ioctl(fd, UFFDIO_REGISTER, &reg) ||
+	    ioctl(fd, UFFDIO_WRITEPROTECT, &wp)) {
+		tap_fail("open-user-mode-only", "setup: %s", strerror(errno));
+		return;
+	}
+	if (write(pfd[1], "x", 1) != 1)
+		tap_diag("pipe write failed");
+	n = read(pfd[0], p, 1);
+	tap_check(n < 0 && errno == EFAULT, "open-user-mode-only",
+		  "read(2) into a protected page returned %zd (%s), want EFAULT",
+		  n, n < 0 ? strerror(errno) : "ok");
+	close(fd);
+	close(pfd[0]);
+	close(pfd[1]);
+	munmap(p, psz);
+}
+
+static void t_bad_flags(void)
+{
+	int a = uffdwp_open(1u << 20, 0, NULL);
+	int b = uffdwp_open(UFFDWP_OPEN_NO_DEVICE | UFFDWP_OPEN_NO_SYSCALL, 0, NULL);
+
+	tap_check(a == -EINVAL && b == -EINVAL, "open-bad-flags",
+		  "unknown flag %d, no way left %d (want -EINVAL)", a, b);
+}
+
+static void t_missing_feature(void)
+{
+	int fd = uffdwp_open(0, 1ULL << 62, NULL);
+
+	tap_check(fd == -EOPNOTSUPP, "open-missing-feature",
+		  "unknown feature bit 62: %d, want -EOPNOTSUPP", fd);
+	if (fd >= 0)
+		close(fd);
+	if (f.wp_ring) {
+		tap_skip("open-missing-ring", "this kernel has the WP ring");
+		return;
+	}
+	fd = uffdwp_open(0, UFFD_FEATURE_WP_RING, NULL);
+	tap_check(fd == -EOPNOTSUPP, "open-missing-ring",
+		  "WP_RING on a kernel without it: %d, want -EOPNOTSUPP", fd);
+	if (fd >= 0)
+		close(fd);
+}
+
+static void t_names(void)
+{
+	char buf[256], small[4];
+	int n = uffdwp_feature_names(&f, buf, sizeof(buf));
+	int m = uffdwp_feature_names(&f, small, sizeof(small));
+	bool ok = n >= 0 && m == n && (size_t)n == strlen(buf) &&
+		  strlen(small) < sizeof(small) &&
+		  (!f.wp || strstr(buf, "wp")) &&
+		  (!f.pagemap_scan || strstr(buf, "pagemap-scan")) &&
+		  uffdwp_feature_names(NULL, buf, 1) == -EINVAL;
+
+	for (int b = 0; b < UFFDWP_BACKEND_COUNT; b++)
+		ok &= uffdwp_backend_from_name(uffdwp_backend_name(b)) == b;
+	ok &= uffdwp_backend_name(UFFDWP_BACKEND_COUNT) == NULL &&
+	      uffdwp_backend_from_name("nope") == -EINVAL &&
+	      uffdwp_backend_from_name(NULL) == -EINVAL &&
+	      uffdwp_backend_available(99) == -EINVAL;
+	tap_check(ok, "names", "feature names '%s' (%d/%d) or backend names wrong",
+		  buf, n, m);
+}
+
+static void t_choose(void)
+{
+	enum uffdwp_backend b = uffdwp_backend_choose();
+	bool ok = !uffdwp_backend_available(b);
+
+	/* Nothing better than the choice may be available. */
+	for (int k = UFFDWP_BACKEND_RING; k < (int)b; k++)
+		ok &= uffdwp_backend_available(k) != 0;
+	ok &= (b == UFFDWP_BACKEND_RING) == f.wp_ring;
+	tap_check(ok, "backend-choice", "chose %s with ring %d scan %d async %d sd %d",
+		  uffdwp_backend_name(b), f.wp_ring, f.pagemap_scan,
+		  f.wp_async, f.soft_dirty);
+}
+
+int main(void)
+{
+	tap_plan(11);
+	t_probe();
+	t_open_default();
+	t_open_ways();
+	t_user_mode_only();
+	t_bad_flags();
+	t_missing_feature();
+	t_names();
+	t_choose();
+	return tap_done();
+}

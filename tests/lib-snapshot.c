@@ -1,0 +1,498 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * lib-snapshot: libuffdwp snapshots.
+ *  - the sink receives the regions' bytes in address order, whatever the
+ *    order the regions were given in, to a callback or an fd;
+ *  - under concurrent writers the copy is the memory at one instant
+ *    (bench/workload.h's record check), and that check rejects a copy that
+ *    mixes two instants;
+ *  - writes to pages the copier has not reached yet leave the old contents
+ *    in the snapshot and the new ones in memory, with the side buffer never
+ *    above its cap (writers wait instead);
+ *  - never-touched memory snapshots as zeroes, with and without
+ *    WP_UNPOPULATED; THP-backed memory snapshots exactly;
+ *  - cancel and a failing sink stop the snapshot and release every writer;
+ *  - bad input is -EINVAL / -EBUSY.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "uffdwp.h"
+#include "workload.h"
+
+static long psz;
+static struct uffdwp_features f;
+
+/* A sink callback that copies into BUF at the region offset, checking the
+ * order: each call must start where the previous one ended or later. */
+struct collect {
+	char *buf;
+	const struct uffdwp_region *r;
+	int nr;
+	uintptr_t last;
+	int order_errors;
+	int calls;
+	int fail_at;		/* return -EIO on this call (1-based) */
+	int delay_us;		/* sleep per call */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+};
+
+static int collect_fn(void *arg, const void *addr, const void *data, size_t len)
+{
+	struct collect *c = arg;
+	uintptr_t a = (uintptr_t)addr;
+	size_t off = 0;
+
+	if (a < c->last)
+		c->order_errors++;
+	c->last = a + len;
+	for (int i = 0; i < c->nr; i++) {
+		uintptr_t s = (uintptr_t)c->r[i].addr;
+
+		if (a >= s && a + len <= s + c->r[i].len) {
+			memcpy(c->buf + off + (a - s), data, len);
+			break;
+		}
+		off += c->r[i].len;
+	}
+	pthread_mutex_lock(&c->lock);
+	c->calls++;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	if (c->delay_us)
+		usleep(c->delay_us);
+	return c->calls == c->fail_at ? -EIO : 0;
+}
+
+static void collect_init(struct collect *c, char *buf,
+			 const struct uffdwp_region *r, int nr)
+{
+	memset(c, 0, sizeof(*c));
+	c->buf = buf;
+	c->r = r;
+	c->nr = nr;
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+}
+
+static char *map(size_t len, bool thp)
+{
+	size_t al = 2UL << 20;
+	char *p = mmap(NULL, len + al, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	p = (char *)(((uintptr_t)p + al - 1) & ~(al - 1));
+	madvise(p, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	return p;
+}
+
+static void fill(char *p, size_t len, unsigned int seed)
+{
+	for (size_t i = 0; i < len; i += 8)
+		*(uint64_t *)(p + i) = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+}
+
+static bool skip_no_wp(const char *name)
+{
+	if (f.wp)
+		return false;
+	tap_skip(name, "kernel has no sync write-protect for anonymous memory");
+	return true;
+}
+
+/* snapshot-static / snapshot-fd: no writers, two regions given backwards. */
+static void t_static(void)
+{
+	size_t len = 40 * psz;
+	char *a = map(len, false), *b = map(len, false);
+	char *buf = malloc(2 * len), *expect = malloc(2 * len);
+	struct uffdwp_region r[2] = { { b, len }, { a, len } };
+	struct uffdwp_region sorted[2];
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s;
+	struct collect c;
+	int err, fd;
+
+	if (skip_no_wp("snapshot-static") | skip_no_wp("snapshot-fd"))
+		return;
+	fill(a, len, 1);
+	fill(b, len, 2);
+	sorted[0] = a < b ? r[1] : r[0];
+	sorted[1] = a < b ? r[0] : r[1];
+	memcpy(expect, sorted[0].addr, len);
+	memcpy(expect + len, sorted[1].addr, len);
+	collect_init(&c, buf, sorted, 2);
+	o.sink_arg = &c;
+	err = uffdwp_snapshot_start(&s, r, 2, &o);
+	if (!err)
+		err = uffdwp_snapshot_wait(s, 60000);
+	uffdwp_snapshot_free(s);
+	tap_check(!err && !c.order_errors && !memcmp(buf, expect, 2 * len),
+		  "snapshot-static", "err %d, %d out-of-order calls, data %s",
+		  err, c.order_errors,
+		  memcmp(buf, expect, 2 * len) ? "differs" : "same");
+
+	fd = memfd_create("snap", MFD_CLOEXEC);
+	o.sink = NULL;
+	o.sink_fd = fd;
+	err = fd < 0 ? -errno : uffdwp_snapshot_start(&s, r, 2, &o);
+	if (!err)
+		err = uffdwp_snapshot_wait(s, 60000);
+	if (!err)
+		uffdwp_snapshot_free(s);
+	memset(buf, 0, 2 * len);
+	if (!err && pread(fd, buf, 2 * len, 0) != (ssize_t)(2 * len))
+		err = -EIO;
+	tap_check(!err && !memcmp(buf, expect, 2 * len) &&
+		  lseek(fd, 0, SEEK_END) == (off_t)(2 * len), "snapshot-fd",
+		  "err %d, file data %s", err,
+		  memcmp(buf, expect, 2 * len) ? "differs" : "same");
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	free(expect);
+}
+
+/* Snapshot of the record workload to a memfd, checked against the instant. */
+static void t_concurrent(void)
+{
+	struct wl wl;
+	struct wl_result res;
+	char path[64];
+	int err, fd;
+
+	if (skip_no_wp("snapshot-concurrent"))
+		return;
+	fd = memfd_create("wl", MFD_CLOEXEC);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	err = wl_init(&wl, 16UL << 20, 2, false);
+	if (!err)
+		err = wl_start(&wl);
+	if (!err) {
+		usleep(20000);
+		err = wl_snap_uffdwp(&wl, path, 1UL << 20, &res);
+		wl_stop(&wl);
+	}
+	tap_check(!err && res.verified && res.updates > 0, "snapshot-concurrent",
+		  "err %d, %s (%llu updates during the snapshot)", err,
+		  res.why, (unsigned long long)res.updates);
+	tap_diag("concurrent: %llu faults, %llu pages saved, %llu updates, pause %.0f us",
+		 (unsigned long long)res.faults, (unsigned long long)res.saved,
+		 (unsigned long long)res.updates, res.pause_us);
+	wl_destroy(&wl);
+	close(fd);
+}
+
+/* The check itself must reject a copy made of two instants. */
+static void t_verify_rejects_mixed(void)
+{
+	size_t len = 4UL << 20;
+	struct wl wl;
+	struct wl_result res = { 0 };
+	uint64_t lo[2], hi[2];
+	struct wl_rec *a = malloc(len), *b = malloc(len);
+	bool ok_a, ok_mixed;
+	int err = wl_init(&wl, len, 2, false);
+
+	if (!err)
+		err = wl_start(&wl);
+	if (err || !a || !b) {
+		tap_fail("verify-rejects-mixed", "setup: %s", strerror(-err));
+		return;
+	}
+	/* A consistent copy at instant A: writers stopped. */
+	wl_stop(&wl);
+	memcpy(a, wl.arena, len);
+	wl_seqs(&wl, lo);
+	wl_start(&wl);
+	usleep(50000);
+	wl_stop(&wl);
+	memcpy(b, wl.arena, len);
+	wl_seqs(&wl, hi);
+	ok_a = wl_verify(&wl, a, lo, lo, &res);
+	/* First half from A, second half from B. */
+	memcpy((char *)a + len / 2, (char *)b + len / 2, len / 2);
+	ok_mixed = wl_verify(&wl, a, lo, hi, &res);
+	tap_check(ok_a && !ok_mixed && hi[0] > lo[0] + wl.w[0].nrec,
+		  "verify-rejects-mixed",
+		  "consistent copy %s, mixed copy %s (writer 0 advanced %llu)",
+		  ok_a ? "accepted" : "rejected",
+		  ok_mixed ? "accepted" : "rejected",
+		  (unsigned long long)(hi[0] - lo[0]));
+	wl_destroy(&wl);
+	free(a);
+	free(b);
+}
+
+/* A thread that writes one byte per page, last page first. */
+struct rev_writer {
+	pthread_t th;
+	char *p;
+	size_t pages;
+	volatile int done;
+};
+
+static void *rev_main(void *arg)
+{
+	struct rev_writer *w = arg;
+
+	for (size_t i = w->pages; i-- > 0;)
+		w->p[i * psz] = (char)0xAB;
+	w->done = 1;
+	return NULL;
+}
+
+/* Writes far ahead of the copier with a 2-page cap: old data in the
+ * snapshot, new data in memory, side buffer never above the cap. */
+static void t_cap(void)
+{
+	size_t pages = 2048, len = pages * psz;	/* 4 chunks */
+	char *p = map(len, false), *expect = malloc(len), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn,
+					  .side_cap = 2 * psz };
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct uffdwp_snapshot *s = NULL;
+	struct rev_writer w = { .p = p, .pages = pages };
+	struct collect c;
+	bool mem_ok = true;
+	int err;
+
+	if (skip_no_wp("snapshot-cap"))
+		return;
+	fill(p, len, 3);
+	memcpy(expect, p, len);
+	collect_init(&c, buf, &r, 1);
+	c.delay_us = 20000;	/* a slow sink: the writer gets ahead */
+	o.sink_arg = &c;
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err) {
+		pthread_create(&w.th, NULL, rev_main, &w);
+		err = uffdwp_snapshot_wait(s, 120000);
+		pthread_join(w.th, NULL);
+		uffdwp_snapshot_stats(s, &st);
+		uffdwp_snapshot_free(s);
+	}
+	for (size_t i = 0; i < pages; i++)
+		mem_ok &= p[i * psz] == (char)0xAB;
+	tap_check(!err && !memcmp(buf, expect, len) && mem_ok &&
+		  st.side_cap == 2 * (uint64_t)psz && st.side_peak <= st.side_cap &&
+		  st.saved > 0, "snapshot-cap",
+		  "err %d, snapshot %s, memory %s, side peak %llu cap %llu, saved %llu",
+		  err, memcmp(buf, expect, len) ? "differs" : "same",
+		  mem_ok ? "written" : "NOT written",
+		  (unsigned long long)st.side_peak,
+		  (unsigned long long)st.side_cap, (unsigned long long)st.saved);
+	tap_diag("cap: %llu faults, %llu saved, %llu waited for room",
+		 (unsigned long long)st.faults, (unsigned long long)st.saved,
+		 (unsigned long long)st.side_waits);
+	free(expect);
+	free(buf);
+}
+
+/* Never-touched pages written during the snapshot must snapshot as 0. */
+static void t_unpopulated_one(const char *name, unsigned int flags, bool thp)
+{
+	size_t pages = 1024, len = pages * psz;
+	char *p = map(len, thp), *buf = malloc(len), *expect = calloc(1, len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn,
+					  .flags = flags };
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct uffdwp_snapshot *s;
+	struct rev_writer w = { .p = p, .pages = pages };
+	struct collect c;
+	bool mem_ok = true, want_unpop;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	/* Touch the first half only (with THP, the first 2 MiB extent). */
+	fill(p, len / 2, 4);
+	memcpy(expect, p, len / 2);
+	collect_init(&c, buf, &r, 1);
+	c.delay_us = 2000;
+	o.sink_arg = &c;
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err) {
+		pthread_create(&w.th, NULL, rev_main, &w);
+		err = uffdwp_snapshot_wait(s, 120000);
+		pthread_join(w.th, NULL);
+		uffdwp_snapshot_stats(s, &st);
+		uffdwp_snapshot_free(s);
+	}
+	for (size_t i = 0; i < pages; i++)
+		mem_ok &= p[i * psz] == (char)0xAB;
+	want_unpop = f.wp_unpopulated && !(flags & UFFDWP_SNAP_NO_UNPOPULATED);
+	tap_check(!err && !memcmp(buf, expect, len) && mem_ok &&
+		  st.used_unpopulated == want_unpop, name,
+		  "err %d, snapshot %s, memory %s, used WP_UNPOPULATED %d (want %d)",
+		  err, memcmp(buf, expect, len) ? "differs" : "same",
+		  mem_ok ? "written" : "NOT written", st.used_unpopulated,
+		  want_unpop);
+	free(buf);
+	free(expect);
+}
+
+static void t_unpopulated(void)
+{
+	t_unpopulated_one("snapshot-unpopulated", 0, false);
+	t_unpopulated_one("snapshot-populate-fallback",
+			  UFFDWP_SNAP_NO_UNPOPULATED, false);
+	if (!f.thp) {
+		tap_skip("snapshot-thp", "transparent hugepages are off");
+		return;
+	}
+	t_unpopulated_one("snapshot-thp", 0, true);
+}
+
+/* A writer stuck on a protected page while the sink is slow must be let go
+ * by cancel; wait then says -ECANCELED and cancel again -EALREADY. */
+static void t_cancel(void)
+{
+	size_t pages = 2048, len = pages * psz;	/* 4 chunks of 2 MiB */
+	char *p = map(len, false), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct uffdwp_snapshot *s;
+	struct rev_writer w = { .p = p, .pages = pages };
+	struct collect c;
+	int err, werr = 0, cerr = 0, again = 0;
+
+	if (skip_no_wp("snapshot-cancel") | skip_no_wp("snapshot-sink-error"))
+		return;
+	fill(p, len, 5);
+	collect_init(&c, buf, &r, 1);
+	c.delay_us = 300000;
+	o.sink_arg = &c;
+	o.side_cap = psz;	/* the writer blocks after one saved page */
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err) {
+		pthread_create(&w.th, NULL, rev_main, &w);
+		werr = uffdwp_snapshot_wait(s, 0);
+		cerr = uffdwp_snapshot_cancel(s);
+		err = uffdwp_snapshot_wait(s, -1);
+		again = uffdwp_snapshot_cancel(s);
+		uffdwp_snapshot_stats(s, &st);
+		for (int i = 0; i < 500 && !w.done; i++)
+			usleep(10000);
+		if (w.done)
+			pthread_join(w.th, NULL);
+		uffdwp_snapshot_free(s);
+	}
+	tap_check(werr == -ETIMEDOUT && !cerr && err == -ECANCELED &&
+		  again == -EALREADY && w.done && st.done &&
+		  st.pages_copied < st.pages, "snapshot-cancel",
+		  "wait(0) %d, cancel %d, wait %d, cancel again %d, writer %s, copied %llu of %llu",
+		  werr, cerr, err, again, w.done ? "released" : "STUCK",
+		  (unsigned long long)st.pages_copied,
+		  (unsigned long long)st.pages);
+
+	/* A sink error stops the snapshot the same way. */
+	fill(p, len, 6);
+	collect_init(&c, buf, &r, 1);
+	c.fail_at = 2;
+	c.delay_us = 100000;
+	o.sink_arg = &c;
+	memset(&w, 0, sizeof(w));
+	w.p = p;
+	w.pages = pages;
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err) {
+		pthread_create(&w.th, NULL, rev_main, &w);
+		err = uffdwp_snapshot_wait(s, -1);
+		for (int i = 0; i < 500 && !w.done; i++)
+			usleep(10000);
+		if (w.done)
+			pthread_join(w.th, NULL);
+		uffdwp_snapshot_free(s);
+	}
+	tap_check(err == -EIO && w.done && c.calls == 2, "snapshot-sink-error",
+		  "wait %d (want -EIO), writer %s, sink calls %d",
+		  err, w.done ? "released" : "STUCK", c.calls);
+}
+
+static void t_bad_input(void)
+{
+	char *p = map(4 * psz, false);
+	struct uffdwp_region good = { p, 4 * psz };
+	struct uffdwp_region unaligned = { p + 1, psz };
+	struct uffdwp_region empty = { p, 0 };
+	struct uffdwp_region overlap[2] = { { p, 2 * psz }, { p + psz, 2 * psz } };
+	struct uffdwp_snapshot_opts o = { .sink_fd = 1 };
+	struct uffdwp_snapshot_opts both = { .sink_fd = 1, .sink = collect_fn };
+	struct uffdwp_snapshot_opts none = { .sink_fd = -1 };
+	struct uffdwp_snapshot_opts flags = { .sink_fd = 1, .flags = 1u << 30 };
+	struct uffdwp_snapshot *s = NULL;
+	struct uffdwp_snapshot_stats st;
+	struct uffdio_register reg = {
+		.range = { (uintptr_t)p, 4 * psz },
+		.mode = UFFDIO_REGISTER_MODE_WP,
+	};
+	int e[12], fd, i = 0;
+
+	if (skip_no_wp("snapshot-bad-input") | skip_no_wp("snapshot-busy"))
+		return;
+	e[i++] = uffdwp_snapshot_start(NULL, &good, 1, &o);
+	e[i++] = uffdwp_snapshot_start(&s, NULL, 1, &o);
+	e[i++] = uffdwp_snapshot_start(&s, &good, 0, &o);
+	e[i++] = uffdwp_snapshot_start(&s, &unaligned, 1, &o);
+	e[i++] = uffdwp_snapshot_start(&s, &empty, 1, &o);
+	e[i++] = uffdwp_snapshot_start(&s, overlap, 2, &o);
+	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &both);
+	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &none);
+	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &flags);
+	e[i++] = uffdwp_snapshot_start(&s, &good, 1, NULL);
+	e[i++] = uffdwp_snapshot_wait(NULL, 0) == -EINVAL &&
+		 uffdwp_snapshot_cancel(NULL) == -EINVAL &&
+		 uffdwp_snapshot_stats(NULL, &st) == -EINVAL ? -EINVAL : 0;
+	uffdwp_snapshot_free(NULL);
+	bool ok = s == NULL;
+	for (int k = 0; k < i; k++)
+		ok &= e[k] == -EINVAL;
+	tap_check(ok, "snapshot-bad-input",
+		  "results %d %d %d %d %d %d %d %d %d %d %d (all must be -EINVAL)",
+		  e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10]);
+
+	/* A region another userfaultfd owns. */
+	fd = uffdwp_open(0, UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
+	if (fd < 0 || ioctl(fd, UFFDIO_REGISTER, &reg)) {
+		tap_fail("snapshot-busy", "setup: %s", strerror(errno));
+	} else {
+		int err = uffdwp_snapshot_start(&s, &good, 1, &o);
+
+		tap_check(err == -EBUSY, "snapshot-busy",
+			  "registered elsewhere: %d, want -EBUSY", err);
+		if (!err)
+			uffdwp_snapshot_free(s);
+	}
+	if (fd >= 0)
+		close(fd);
+}
+
+int main(void)
+{
+	psz = sysconf(_SC_PAGESIZE);
+	tap_plan(12);
+	uffdwp_probe(&f);
+	t_static();
+	t_concurrent();
+	t_verify_rejects_mixed();
+	t_cap();
+	t_unpopulated();
+	t_cancel();
+	t_bad_input();
+	return tap_done();
+}
