@@ -278,8 +278,9 @@ static void run_config(const struct config *c, int reps)
 	for (int rep = 0; rep < reps; rep++) {
 		struct span w[2];
 		uint64_t stall, outside;
-		pthread_t prober = prober_start();
+		pthread_t prober;
 
+		/* Timed calls, no other thread running in this mm. */
 		w[0].s = bench_now_ns();
 		err = do_protect(c, uffd, mem, len, true);
 		w[0].e = bench_now_ns();
@@ -287,28 +288,45 @@ static void run_config(const struct config *c, int reps)
 			bench_fail("%s %s: protect: %s", variant_name[c->v],
 				   param, strerror(-err));
 		check_protected(c, mem, len, param);
-
 		w[1].s = bench_now_ns();
 		err = do_protect(c, uffd, mem, len, false);
 		w[1].e = bench_now_ns();
 		if (err)
 			bench_fail("%s %s: unprotect: %s", variant_name[c->v],
 				   param, strerror(-err));
-		prober_stop_after(prober, w[1].e);
 		check_unprotected(c, mem, len, param, 2 + rep % 100);
-
-		stall = longest_stall(w, &outside);
 		bench_sample(BENCH, variant_name[c->v], param, "protect_us",
 			     (w[0].e - w[0].s) / 1e3, "us");
 		bench_sample(BENCH, variant_name[c->v], param, "unprotect_us",
 			     (w[1].e - w[1].s) / 1e3, "us");
+
+		/* The same pair again with the prober running. */
+		prober = prober_start();
+		w[0].s = bench_now_ns();
+		err = do_protect(c, uffd, mem, len, true);
+		w[0].e = bench_now_ns();
+		if (!err) {
+			check_protected(c, mem, len, param);
+			w[1].s = bench_now_ns();
+			err = do_protect(c, uffd, mem, len, false);
+			w[1].e = bench_now_ns();
+		}
+		prober_stop_after(prober, w[1].e);
+		if (err)
+			bench_fail("%s %s: protect/unprotect with the prober: %s",
+				   variant_name[c->v], param, strerror(-err));
+		check_unprotected(c, mem, len, param, 3 + rep % 100);
+		stall = longest_stall(w, &outside);
 		bench_sample(BENCH, variant_name[c->v], param, "stall_us",
 			     stall / 1e3, "us");
 		if (rep == reps - 1)
 			bench_comment("%s %s: last rep: %lu prober iterations, "
-				      "longest outside the windows %.1f us",
-				      variant_name[c->v], param, plog_n,
-				      outside / 1e3);
+				      "longest outside the windows %.1f us; "
+				      "protect %.1f us, unprotect %.1f us with the "
+				      "prober running", variant_name[c->v], param,
+				      plog_n, outside / 1e3,
+				      (w[0].e - w[0].s) / 1e3,
+				      (w[1].e - w[1].s) / 1e3);
 	}
 	huge_kb = smaps_field_kb(mem, "AnonHugePages");
 	bench_comment("%s %s: AnonHugePages %ld kB after the repetitions",
@@ -347,12 +365,16 @@ int main(int argc, char **argv)
 		      "PROT_READ|PROT_WRITE");
 	bench_comment("thp=on: MADV_HUGEPAGE, thp=off: MADV_NOHUGEPAGE before "
 		      "populating (AnonHugePages from /proc/self/smaps below)");
-	bench_comment("stall_us: a prober thread loops mmap + write + munmap of "
-		      "one private page (each needs mmap_lock for writing), "
-		      "logging each iteration's start and end; stall_us = the "
-		      "longest iteration overlapping the protect or the unprotect "
-		      "call, nothing subtracted (the noise floor, the longest "
-		      "iteration outside the windows, is in a comment)");
+	bench_comment("protect_us/unprotect_us are timed with no other thread "
+		      "in the process; then each rep protects and unprotects once "
+		      "more with a prober thread looping mmap + write + munmap of "
+		      "one private page (mmap/munmap need mmap_lock for writing; "
+		      "the write faults under the per-VMA lock), logging each "
+		      "iteration's start and end");
+	bench_comment("stall_us = the longest prober iteration overlapping that "
+		      "second protect or unprotect call, nothing subtracted (the "
+		      "noise floor, the longest iteration outside the windows, "
+		      "is in a comment per configuration)");
 	bench_comment("checks per rep: 64 sample pages are uffd-wp (pagemap bit "
 		      "57) / a probe write faults (SIGBUS, SIGSEGV) after protect, "
 		      "and writes succeed after unprotect; %d repetitions per "
