@@ -1,0 +1,606 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * race-lifetime: the end of a registration or of a userfaultfd while uffd-wp
+ * faults are in flight.
+ *
+ *  - UNREGISTER of a MISSING|WP range with writers blocked in WP faults
+ *    wakes them (userfaultfd_unregister() wakes MISSING ranges): every write
+ *    completes, is visible, and no uffd-wp bit is left.
+ *  - UNREGISTER of a WP-only range with writers blocked: the kernel does not
+ *    wake WP-only ranges, so each write either completed or is still pending
+ *    -- never lost -- and every pending one completes after UFFDIO_WAKE (the
+ *    range is no longer registered, WAKE needs no registration).  How many
+ *    needed the WAKE is printed.
+ *  - close() of the uffd with writers blocked: release wakes them all.
+ *  - close() while a resolver thread is answering faults of writers that
+ *    keep writing: every writer finishes all its writes.
+ *  - Re-registering a write-protected range without MODE_WP drops the VMA's
+ *    VM_UFFD_WP; the uffd-wp pte bits must go with it (as UNREGISTER clears
+ *    them), or a later write leaves a writable pte that pagemap still calls
+ *    write-protected.
+ *  - The write-log ring (only when UFFDIO_API reports UFFD_FEATURE_WP_RING):
+ *    harvesting while writers write and the uffd is closed under them.
+ *
+ * Each case repeats its race a bounded number of times; a global watchdog
+ * turns a hang into a failure.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/fs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "uffd_util.h"
+
+#ifndef UFFD_FEATURE_WP_RING
+#define UFFD_FEATURE_WP_RING		(1 << 17)
+#define _UFFDIO_RING_SETUP		(0x09)
+#define _UFFDIO_RING_RESET		(0x0A)
+struct uffdio_ring_setup {
+	__u64 entries;
+	__u64 flags;
+	__u64 mmap_size;
+};
+struct uffd_ring_header {
+	__u64 producer;
+	__u64 consumer;
+	__u64 entries;
+	__u64 flags;
+	__u64 entry_offset;
+};
+#define UFFD_RING_OVERFLOW		(1ULL << 0)
+struct uffdio_ring_reset {
+	__u64 consumer;
+	__u64 flags;
+	__u64 reprotected;
+};
+#define UFFDIO_RING_RESET_CLEAR_OVERFLOW (1ULL << 0)
+#define UFFDIO_RING_SETUP	_IOWR(UFFDIO, _UFFDIO_RING_SETUP, struct uffdio_ring_setup)
+#define UFFDIO_RING_RESET	_IOWR(UFFDIO, _UFFDIO_RING_RESET, struct uffdio_ring_reset)
+#endif
+
+#define NW		4	/* writers, one page each */
+#define ITERS		12
+#define WAIT_MS		5000
+#define WHY_LEN		300
+
+static long psz;
+
+static bool fail(char *why, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static bool fail(char *why, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, WHY_LEN, fmt, ap);
+	va_end(ap);
+	return false;
+}
+
+/* ---- writers that each store one value into their own page ------------- */
+
+struct one_write {
+	pthread_t thread;
+	volatile uint64_t *word;
+	uint64_t val;
+	volatile int done;
+};
+
+static void *one_write_main(void *arg)
+{
+	struct one_write *w = arg;
+
+	*w->word = w->val;
+	__atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static int done_count(struct one_write *w, int n)
+{
+	int k = 0;
+
+	for (int i = 0; i < n; i++)
+		k += __atomic_load_n(&w[i].done, __ATOMIC_SEQ_CST);
+	return k;
+}
+
+static bool wait_all(struct one_write *w, int n, int timeout_ms)
+{
+	long long end = now_ms() + timeout_ms;
+
+	while (done_count(w, n) < n && now_ms() < end)
+		usleep(1000);
+	return done_count(w, n) == n;
+}
+
+/*
+ * A populated, registered, write-protected region of NW pages and NW
+ * writers blocked in WP faults on it (their messages read, not answered).
+ */
+struct blocked {
+	int uffd;
+	char *mem;
+	int started;
+	struct one_write w[NW];
+};
+
+static bool block_writers(struct blocked *b, uint64_t mode, int iter,
+			  char *why)
+{
+	int got = 0, err;
+
+	b->mem = map_anon_aligned(NW * psz, psz);
+	if (!b->mem)
+		return fail(why, "mmap: %s", strerror(errno));
+	memset(b->mem, 0, NW * psz);
+	b->uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
+	if (b->uffd < 0)
+		return fail(why, "userfaultfd: %s", strerror(-b->uffd));
+	err = uffd_register(b->uffd, b->mem, NW * psz, mode, NULL);
+	if (!err)
+		err = uffd_wp(b->uffd, b->mem, NW * psz,
+			      UFFDIO_WRITEPROTECT_MODE_WP);
+	if (err)
+		return fail(why, "register/protect: %s", strerror(-err));
+	for (int i = 0; i < NW; i++) {
+		b->w[i].word = (uint64_t *)(b->mem + i * psz);
+		b->w[i].val = ((uint64_t)iter << 8) | (i + 1);
+		b->w[i].done = 0;
+		if (pthread_create(&b->w[i].thread, NULL, one_write_main,
+				   &b->w[i]))
+			return fail(why, "pthread_create failed");
+		b->started++;
+	}
+	while (got < NW) {
+		struct uffd_msg m;
+
+		if (uffd_read_msg(b->uffd, &m, WAIT_MS) != 1)
+			return fail(why, "iteration %d: %d of %d writers raised "
+				    "a WP fault", iter, got, NW);
+		if (m.event != UFFD_EVENT_PAGEFAULT ||
+		    !(m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP))
+			return fail(why, "unexpected message event %#x flags "
+				    "%#llx", m.event,
+				    (unsigned long long)m.arg.pagefault.flags);
+		got++;
+	}
+	if (done_count(b->w, NW))
+		return fail(why, "a write completed while protected");
+	return true;
+}
+
+/* Every write is visible and no page is left protected. */
+static bool writes_visible(struct blocked *b, char *why)
+{
+	for (int i = 0; i < NW; i++) {
+		if (*b->w[i].word != b->w[i].val)
+			return fail(why, "page %d holds %#" PRIx64 ", the "
+				    "completed write stored %#" PRIx64, i,
+				    *b->w[i].word, b->w[i].val);
+		if (page_wp(b->mem + i * psz))
+			return fail(why, "page %d still has the uffd-wp bit", i);
+	}
+	return true;
+}
+
+static void unblock_and_free(struct blocked *b)
+{
+	if (b->uffd >= 0 && b->mem)
+		uffd_wake(b->uffd, b->mem, NW * psz);
+	if (b->uffd >= 0)
+		close(b->uffd);
+	b->uffd = -1;
+	if (!wait_all(b->w, b->started, WAIT_MS))
+		tap_bail("writers still blocked after close()");
+	for (int i = 0; i < b->started; i++)
+		pthread_join(b->w[i].thread, NULL);
+	if (b->mem)
+		munmap(b->mem, NW * psz);
+}
+
+/* ---- cases --------------------------------------------------------------- */
+
+static bool unregister_missing_wp(char *why)
+{
+	for (int it = 0; it < ITERS; it++) {
+		struct blocked b = { .uffd = -1 };
+		int err;
+		bool ok = block_writers(&b, UFFDIO_REGISTER_MODE_MISSING |
+					UFFDIO_REGISTER_MODE_WP, it, why);
+
+		if (ok) {
+			err = uffd_unregister(b.uffd, b.mem, NW * psz);
+			if (err)
+				ok = fail(why, "unregister: %s", strerror(-err));
+			else if (!wait_all(b.w, NW, WAIT_MS))
+				ok = fail(why, "iteration %d: %d of %d writers "
+					  "still blocked after UNREGISTER", it,
+					  NW - done_count(b.w, NW), NW);
+			else
+				ok = writes_visible(&b, why);
+		}
+		unblock_and_free(&b);
+		if (!ok)
+			return false;
+	}
+	return true;
+}
+
+static bool unregister_wp_only(char *why)
+{
+	int needed_wake = 0;
+
+	for (int it = 0; it < ITERS; it++) {
+		struct blocked b = { .uffd = -1 };
+		bool ok = block_writers(&b, UFFDIO_REGISTER_MODE_WP, it, why);
+		int err, done;
+
+		if (ok) {
+			err = uffd_unregister(b.uffd, b.mem, NW * psz);
+			if (err)
+				ok = fail(why, "unregister: %s", strerror(-err));
+		}
+		if (ok) {
+			usleep(100 * 1000);
+			done = done_count(b.w, NW);
+			needed_wake += NW - done;
+			/* A pending write must not have landed. */
+			for (int i = 0; i < NW && ok; i++)
+				if (!b.w[i].done && *b.w[i].word)
+					ok = fail(why, "page %d changed while its "
+						  "writer is still blocked", i);
+			err = uffd_wake(b.uffd, b.mem, NW * psz);
+			if (ok && err)
+				ok = fail(why, "UFFDIO_WAKE after UNREGISTER: %s",
+					  strerror(-err));
+			if (ok && !wait_all(b.w, NW, WAIT_MS))
+				ok = fail(why, "iteration %d: writers still "
+					  "blocked after UNREGISTER and WAKE", it);
+			if (ok)
+				ok = writes_visible(&b, why);
+		}
+		unblock_and_free(&b);
+		if (!ok)
+			return false;
+	}
+	tap_diag("unregister-wp-only: %d of %d blocked writers needed "
+		 "UFFDIO_WAKE after UNREGISTER (WP-only ranges are not woken)",
+		 needed_wake, ITERS * NW);
+	return true;
+}
+
+static bool close_blocked(char *why)
+{
+	for (int it = 0; it < ITERS; it++) {
+		struct blocked b = { .uffd = -1 };
+		bool ok = block_writers(&b, it & 1 ? UFFDIO_REGISTER_MODE_WP :
+					UFFDIO_REGISTER_MODE_WP |
+					UFFDIO_REGISTER_MODE_MISSING, it, why);
+
+		if (ok) {
+			close(b.uffd);
+			b.uffd = -1;
+			if (!wait_all(b.w, NW, WAIT_MS))
+				ok = fail(why, "iteration %d: %d writers still "
+					  "blocked after close()", it,
+					  NW - done_count(b.w, NW));
+			else
+				ok = writes_visible(&b, why);
+		}
+		unblock_and_free(&b);
+		if (!ok)
+			return false;
+	}
+	return true;
+}
+
+/* ---- close while a resolver is busy ------------------------------------ */
+
+#define SEQ_WRITES	400
+
+struct seq_writer {
+	pthread_t thread;
+	volatile uint64_t *word;
+	volatile uint64_t last;		/* last store that returned */
+	volatile int done;
+};
+
+static void *seq_writer_main(void *arg)
+{
+	struct seq_writer *w = arg;
+
+	for (uint64_t v = 1; v <= SEQ_WRITES; v++) {
+		*w->word = v;
+		w->last = v;
+	}
+	__atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+struct busy_resolver {
+	pthread_t thread;
+	int uffd;
+	char *mem;
+	volatile int stop;
+	volatile int resolved;
+};
+
+/* Unprotect the faulting page, then protect the whole region again so the
+ * next write faults too. */
+static void *busy_resolver_main(void *arg)
+{
+	struct busy_resolver *r = arg;
+
+	while (!r->stop) {
+		struct uffd_msg m;
+		unsigned long a;
+
+		if (uffd_read_msg(r->uffd, &m, 20) != 1)
+			continue;
+		if (m.event != UFFD_EVENT_PAGEFAULT)
+			continue;
+		a = m.arg.pagefault.address & ~(psz - 1);
+		if (uffd_wp(r->uffd, (void *)a, psz, 0))
+			uffd_wake(r->uffd, (void *)a, psz);
+		r->resolved++;
+		uffd_wp(r->uffd, r->mem, NW * psz, UFFDIO_WRITEPROTECT_MODE_WP);
+	}
+	return NULL;
+}
+
+static bool close_vs_resolver(char *why)
+{
+	int total_resolved = 0;
+
+	for (int it = 0; it < ITERS; it++) {
+		struct busy_resolver r = { 0 };
+		struct seq_writer w[NW];
+		char *mem = map_anon_aligned(NW * psz, psz);
+		bool ok = true;
+		int uffd, err;
+
+		if (!mem)
+			return fail(why, "mmap: %s", strerror(errno));
+		memset(mem, 0, NW * psz);
+		uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
+		if (uffd < 0)
+			return fail(why, "userfaultfd: %s", strerror(-uffd));
+		err = uffd_register(uffd, mem, NW * psz, UFFDIO_REGISTER_MODE_WP,
+				    NULL);
+		if (!err)
+			err = uffd_wp(uffd, mem, NW * psz,
+				      UFFDIO_WRITEPROTECT_MODE_WP);
+		if (err)
+			return fail(why, "register/protect: %s", strerror(-err));
+		r.uffd = uffd;
+		r.mem = mem;
+		pthread_create(&r.thread, NULL, busy_resolver_main, &r);
+		for (int i = 0; i < NW; i++) {
+			w[i] = (struct seq_writer){ .word = (uint64_t *)(mem + i * psz) };
+			pthread_create(&w[i].thread, NULL, seq_writer_main, &w[i]);
+		}
+		/* Let some faults go round, then pull the fd away. */
+		for (long long end = now_ms() + WAIT_MS;
+		     r.resolved < 4 * (it + 1) && r.resolved < 40 &&
+		     now_ms() < end;)
+			usleep(500);
+		close(uffd);
+		for (int i = 0; i < NW; i++) {
+			long long end = now_ms() + WAIT_MS;
+
+			while (!w[i].done && now_ms() < end)
+				usleep(1000);
+			if (!w[i].done && ok)
+				ok = fail(why, "iteration %d: writer %d blocked "
+					  "after close() at write %" PRIu64, it,
+					  i, w[i].last + 1);
+		}
+		r.stop = 1;
+		pthread_join(r.thread, NULL);
+		total_resolved += r.resolved;
+		for (int i = 0; i < NW; i++) {
+			if (!w[i].done)
+				tap_bail("writer blocked for good after close()");
+			pthread_join(w[i].thread, NULL);
+			if (ok && *w[i].word != SEQ_WRITES)
+				ok = fail(why, "writer %d's page holds %" PRIu64
+					  " after %d writes", i, *w[i].word,
+					  SEQ_WRITES);
+			if (ok && page_wp(mem + i * psz))
+				ok = fail(why, "page %d still protected after "
+					  "close()", i);
+		}
+		munmap(mem, NW * psz);
+		if (!ok)
+			return false;
+	}
+	tap_diag("close-vs-resolver: %d faults resolved before the closes",
+		 total_resolved);
+	return true;
+}
+
+/* ---- re-registration without MODE_WP ------------------------------------ */
+
+static bool written_by_scan(char *page)
+{
+	struct page_region v[2];
+	struct pm_scan_arg a = {
+		.size = sizeof(a), .start = (uintptr_t)page,
+		.end = (uintptr_t)page + psz, .vec = (uintptr_t)v, .vec_len = 2,
+		.category_mask = PAGE_IS_WRITTEN, .return_mask = PAGE_IS_WRITTEN,
+	};
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	long n = fd < 0 ? -1 : ioctl(fd, PAGEMAP_SCAN, &a);
+
+	if (fd >= 0)
+		close(fd);
+	return n == 1;
+}
+
+static bool reregister_without_wp(char *why)
+{
+	char *page = map_anon_aligned(psz, psz);
+	int uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL), async;
+	struct one_write w = { 0 };
+	bool ok = true;
+	int err;
+
+	if (!page || uffd < 0)
+		return fail(why, "setup: %s", strerror(page ? -uffd : errno));
+	memset(page, 'A', psz);
+	err = uffd_register(uffd, page, psz, UFFDIO_REGISTER_MODE_WP, NULL);
+	if (!err)
+		err = uffd_wp(uffd, page, psz, UFFDIO_WRITEPROTECT_MODE_WP);
+	if (!err)	/* same uffd, MISSING only: VM_UFFD_WP goes */
+		err = uffd_register(uffd, page, psz,
+				    UFFDIO_REGISTER_MODE_MISSING, NULL);
+	if (err)
+		return fail(why, "register WP, protect, register MISSING: %s",
+			    strerror(-err));
+	/* The range is no longer WP-registered: the write must not block. */
+	w.word = (uint64_t *)page;
+	w.val = 0x4242;
+	pthread_create(&w.thread, NULL, one_write_main, &w);
+	if (!wait_all(&w, 1, WAIT_MS)) {
+		ok = fail(why, "write blocked on a range registered MISSING "
+			  "only");
+		uffd_wake(uffd, page, psz);
+		close(uffd);
+		uffd = -1;
+	}
+	pthread_join(w.thread, NULL);
+	if (ok && page_wp(page))
+		ok = fail(why, "after UFFDIO_REGISTER without MODE_WP over a "
+			  "protected page and a write that completed, pagemap "
+			  "still shows the uffd-wp bit (%#" PRIx64 "): the bit "
+			  "outlived VM_UFFD_WP", pagemap_entry(page));
+	if (uffd >= 0) {
+		uffd_unregister(uffd, page, psz);
+		close(uffd);
+	}
+	/* Consequence for a new async tracker on the same range. */
+	async = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+			  UFFD_FEATURE_WP_ASYNC, NULL);
+	if (async >= 0 &&
+	    !uffd_register(async, page, psz, UFFDIO_REGISTER_MODE_WP, NULL)) {
+		*(volatile char *)page = 'C';
+		tap_diag("reregister: after UNREGISTER and a new WP_ASYNC "
+			 "registration, a write leaves pagemap %#" PRIx64
+			 "; PAGEMAP_SCAN %s it written", pagemap_entry(page),
+			 written_by_scan(page) ? "reports" : "does NOT report");
+	}
+	if (async >= 0)
+		close(async);
+	munmap(page, psz);
+	return ok;
+}
+
+/* ---- the write-log ring ------------------------------------------------- */
+
+static bool ring_vs_close(char *why)
+{
+	enum { PAGES = 64 };
+	for (int it = 0; it < ITERS; it++) {
+		struct uffdio_ring_setup rs = { .entries = 64 };
+		struct uffd_ring_header *h;
+		struct writer wr;
+		char *mem = map_anon_aligned(PAGES * psz, psz);
+		uint64_t got = 0, seen = 0;
+		int uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+				     UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_RING,
+				     &got), err;
+
+		if (!mem || uffd < 0)
+			return fail(why, "setup: %s", strerror(mem ? -uffd : errno));
+		if (ioctl(uffd, UFFDIO_RING_SETUP, &rs))
+			return fail(why, "RING_SETUP: %s", strerror(errno));
+		h = mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, uffd, 0);
+		if (h == MAP_FAILED)
+			return fail(why, "ring mmap: %s", strerror(errno));
+		err = uffd_register(uffd, mem, PAGES * psz,
+				    UFFDIO_REGISTER_MODE_WP, NULL);
+		if (!err)
+			err = uffd_wp(uffd, mem, PAGES * psz,
+				      UFFDIO_WRITEPROTECT_MODE_WP);
+		if (err)
+			return fail(why, "register/protect: %s", strerror(-err));
+		writer_start(&wr, mem, PAGES * psz, (char)(it + 1));
+		/* Harvest a few rounds, then close under the writer. */
+		for (int round = 0; round < 3 + it % 3; round++) {
+			struct uffdio_ring_reset rr = { 0 };
+			uint64_t p = __atomic_load_n(&h->producer,
+						     __ATOMIC_ACQUIRE);
+
+			if (p < h->consumer)
+				return fail(why, "producer %llu < consumer %llu",
+					    (unsigned long long)p,
+					    (unsigned long long)h->consumer);
+			rr.consumer = p;
+			if (h->flags & UFFD_RING_OVERFLOW)
+				rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
+			if (ioctl(uffd, UFFDIO_RING_RESET, &rr))
+				return fail(why, "RING_RESET to %llu: %s",
+					    (unsigned long long)p,
+					    strerror(errno));
+			seen = p;
+		}
+		close(uffd);
+		/* The mapping outlives the fd; the header stays readable. */
+		if (h->producer < seen)
+			return fail(why, "producer went back after close");
+		if (!writer_wait(&wr, WAIT_MS))
+			return fail(why, "writer blocked after close()");
+		for (int i = 0; i < PAGES; i++)
+			if (mem[i * psz] != (char)(it + 1))
+				return fail(why, "page %d lost its write", i);
+		munmap(h, rs.mmap_size);
+		munmap(mem, PAGES * psz);
+	}
+	return true;
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+static void run(const char *name, bool (*fn)(char *why))
+{
+	char why[WHY_LEN] = "";
+
+	tap_check(fn(why), name, "%s", why);
+}
+
+int main(void)
+{
+	uint64_t got = 0;
+	int fd;
+
+	psz = page_size();
+	watchdog(240);
+	tap_plan(6);
+	fd = uffd_open(0, &got);
+	if (fd < 0)
+		tap_bail("userfaultfd: %s", strerror(-fd));
+	close(fd);
+	run("lifetime-unregister-wakes-missing-wp", unregister_missing_wp);
+	run("lifetime-unregister-wp-only-no-lost-write", unregister_wp_only);
+	run("lifetime-close-wakes-blocked-writers", close_blocked);
+	run("lifetime-close-vs-busy-resolver", close_vs_resolver);
+	run("lifetime-reregister-without-wp-clears-bits",
+	    reregister_without_wp);
+	if (got & UFFD_FEATURE_WP_RING)
+		run("lifetime-ring-harvest-vs-writers-vs-close", ring_vs_close);
+	else
+		tap_skip("lifetime-ring-harvest-vs-writers-vs-close",
+			 "kernel does not report UFFD_FEATURE_WP_RING");
+	return tap_done();
+}
