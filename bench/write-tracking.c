@@ -594,11 +594,12 @@ int main(int argc, char **argv)
 		      "repetitions; %d repetitions per figure", o.reps);
 	if (!all_variants)
 		bench_comment("262144 pages: uffd_thread, uffd_sigbus, mprotect_segv "
-			      "and mprotect_segv_ranges not run by default (signal "
-			      "delivery or a handler wakeup per page costs ~50-100 us "
-			      "in the TCG guest, ~25 s per repetition, ~15 min for "
-			      "5 reps x 2 thread counts x 4 variants); run them with "
-			      "--pages 262144");
+			      "and mprotect_segv_ranges not run by default: in the "
+			      "TCG guest a signal delivery alone costs ~50 us and a "
+			      "cross-vCPU wakeup or TLB shootdown 0.1-5 ms (it waits "
+			      "for the host to run the other vCPU thread), so 5 reps "
+			      "x 2 thread counts x 4 variants take 15 min to hours; "
+			      "run them with --pages 262144");
 	sd_ok = soft_dirty_works(&sd_why);
 	if (!sd_ok)
 		bench_comment("soft_dirty skipped: %s", sd_why);
