@@ -57,8 +57,8 @@ void bench_sample(const char *bench, const char *variant, const char *param,
 /* A "# ..." comment line (the '#' and newline are added). */
 void bench_comment(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Print "# FAIL: ..." on stdout and stderr and exit(1): a correctness
- * check of the benchmark did not hold. */
+/* Print "# FAIL: ..." on stdout (and stderr when that is another file) and
+ * exit(1): a correctness check of the benchmark did not hold. */
 void bench_fail(const char *fmt, ...)
 	__attribute__((format(printf, 1, 2), noreturn));
 

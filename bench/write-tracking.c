@@ -62,7 +62,7 @@ static long g_faults;		/* faults resolved by a signal handler */
 
 static void die_in_handler(const char *msg)
 {
-	if (write(2, msg, strlen(msg)) < 0 || write(1, msg, strlen(msg)) < 0)
+	if (write(1, msg, strlen(msg)) < 0)
 		_exit(1);
 	_exit(1);
 }
@@ -159,10 +159,12 @@ static void *handler_main(void *arg)
 				h->other++;
 				continue;
 			}
+			/* Count first: the wakeup below may let the last
+			 * writer finish before this thread runs again. */
+			__atomic_add_fetch(&h->resolved, 1, __ATOMIC_SEQ_CST);
 			/* Mode 0: unprotect the page and wake the writer. */
 			if (uffd_wp(h->uffd, (void *)(a & ~(PSZ - 1)), PSZ, 0))
 				h->errors++;
-			__atomic_add_fetch(&h->resolved, 1, __ATOMIC_RELAXED);
 		}
 	}
 }
