@@ -78,7 +78,6 @@ struct uffd_ring_header {
 };
 #define UFFD_RING_OVERFLOW		(1ULL << 0)
 #define UFFD_RING_ENTRY_HUGE		(1ULL << 0)
-#define UFFD_RING_ENTRY_ADDR_MASK	(~0xfffULL)
 struct uffdio_ring_reset {
 	__u64 consumer;
 	__u64 flags;
@@ -87,6 +86,9 @@ struct uffdio_ring_reset {
 #define UFFDIO_RING_RESET_CLEAR_OVERFLOW (1ULL << 0)
 #define UFFDIO_RING_SETUP	_IOWR(UFFDIO, _UFFDIO_RING_SETUP, struct uffdio_ring_setup)
 #define UFFDIO_RING_RESET	_IOWR(UFFDIO, _UFFDIO_RING_RESET, struct uffdio_ring_reset)
+#endif
+#ifndef UFFD_RING_ENTRY_ADDR_MASK	/* ring-uapi.md names it; the header may not */
+#define UFFD_RING_ENTRY_ADDR_MASK	(~0xfffULL)
 #endif
 
 #ifndef MADV_COLLAPSE
@@ -211,6 +213,7 @@ static struct slot slots[NSLOTS];
 static struct region regions[NREGIONS];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int main_wants_pool;	/* the resolver steps aside */
+static unsigned long ring_opens, ring_setups, ring_open_err, ring_setup_err;
 static pthread_rwlock_t map_lock;	/* writers read, main changes maps */
 static uint64_t kernel_features;
 static bool have_ring, want_ring;
@@ -670,16 +673,20 @@ static void op_slot_reopen(void)
 			     (chance(30) ? UFFD_USER_MODE_ONLY : 0), f, &got);
 	if (fd < 0) {
 		judge("open pool uffd", -1, -fd, false);
+		if (f & UFFD_FEATURE_WP_RING)
+			ring_open_err = -fd;
 		return;
 	}
-	s->features = f;
 	if (f & UFFD_FEATURE_WP_RING)
-		ring_setup(s, chance(20));
+		ring_opens++;
+	s->features = f;
 	main_wants_pool = 1;
 	pthread_mutex_lock(&pool_lock);
 	s->fd = fd;
 	pthread_mutex_unlock(&pool_lock);
 	main_wants_pool = 0;
+	if (f & UFFD_FEATURE_WP_RING)
+		ring_setup(s, chance(20));
 }
 
 /* ---- ops: REGISTER / UNREGISTER ----------------------------------------- */
@@ -986,8 +993,11 @@ static void ring_setup(struct slot *s, bool hostile)
 	}
 	ret = ioctl(s->fd, UFFDIO_RING_SETUP, &rs_arg);
 	judge("UFFDIO_RING_SETUP", ret, errno, bad);
+	if (ret && !bad)
+		ring_setup_err = errno;
 	if (ret)
 		return;
+	ring_setups++;
 	s->ring_set = true;
 	/* Hostile mappings first: writable, wrong size, wrong offset. */
 	m = mmap(NULL, rs_arg.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -1374,11 +1384,11 @@ static long long now_us(void)
 
 #define OP(fn, w) { fn, w, #fn }
 static const struct op ops[] = {
-	OP(op_write, 150), OP(op_read, 100), OP(op_writeprotect, 100),
-	OP(op_register, 100), OP(op_unregister, 60), OP(op_copy_zero, 80),
-	OP(op_wake_continue, 120), OP(op_wrong_fd, 60), OP(op_scan, 100),
-	OP(op_api_garbage, 60), OP(op_slot_reopen, 8), OP(op_madvise, 16),
-	OP(op_remap_region, 6), OP(op_mremap, 6), OP(op_fork, 1),
+	OP(op_write, 110), OP(op_read, 100), OP(op_writeprotect, 70),
+	OP(op_register, 100), OP(op_unregister, 40), OP(op_copy_zero, 80),
+	OP(op_wake_continue, 180), OP(op_wrong_fd, 120), OP(op_scan, 100),
+	OP(op_api_garbage, 50), OP(op_slot_reopen, 4), OP(op_madvise, 10),
+	OP(op_remap_region, 5), OP(op_mremap, 5), OP(op_fork, 1),
 	OP(op_ring, 60),
 };
 #define NOPS (sizeof(ops) / sizeof(ops[0]))
@@ -1574,6 +1584,10 @@ int main(int argc, char **argv)
 		if (op_n[k])
 			tap_diag("%-18s %7lu ops %8lld ms", ops[k].name, op_n[k],
 				 op_us[k] / 1000);
+	if (have_ring)
+		tap_diag("ring: %lu fds with WP_RING (last open error %d), %lu "
+			 "rings set up (last valid-setup error %d)", ring_opens,
+			 (int)ring_open_err, ring_setups, (int)ring_setup_err);
 	tap_diag("UFFDIO_ZEROPAGE refused (EEXIST) a MISSING fault on a "
 		 "uffd-wp marker %lu times; resolved with UFFDIO_COPY",
 		 zeropage_marker_refusals);
