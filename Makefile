@@ -6,7 +6,7 @@ LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check demo run prog mutation-check kernel kernel-tree export-patches help clean
+.PHONY: all check demo bench soak run prog mutation-check kernel kernel-tree export-patches help clean
 
 all: check
 
@@ -14,10 +14,25 @@ all: check
 check:
 	@scripts/check.sh $(LANES)
 
-## demo: boot the patched kernel and show uffd-wp catching writes
+## demo: boot the patched kernel and run `uffdwp demo` (a live snapshot of a
+##       busy arena without fork, verified record by record)
 demo:
 	@scripts/deps.sh
 	@scripts/lane.sh demo $(LANE)
+
+## bench: run the benchmarks in BENCH_LANES (default x86_64); CSV, table
+##        and plots in build/results/bench-LANE.{csv,txt} and plots/
+BENCH_LANES ?= x86_64
+bench:
+	@scripts/bench.sh $(BENCH_LANES)
+
+## soak: the fuzzer in LANE's guest for DURATION seconds (default 600),
+##       SEED to replay a run
+DURATION ?= 600
+SEED ?=
+soak:
+	@scripts/deps.sh
+	@scripts/soak.sh $(LANE) $(DURATION) $(SEED)
 
 ## run: boot LANE with PROG (static binary) as the only test, ARGS for it
 run:
@@ -56,3 +71,8 @@ help:
 ## clean: remove build/ (the kernel cache outside the clone stays)
 clean:
 	rm -rf build
+
+## lib: build/host/libuffdwp.{a,so} and the uffdwp tool for this machine
+## install: install libuffdwp (headers, libs, uffdwp.pc, tool) under PREFIX
+## check-host: libuffdwp's unit tests on this machine's kernel
+include lib/lib.mk

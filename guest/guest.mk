@@ -63,7 +63,7 @@ $(OUT)/bin/bench-%: bench/%.c $(BENCH_LIB) $(TEST_LIB) $(LIB_A) $(wildcard tests
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(BENCH_LIB) $(TEST_LIB) $(LIB_A) -lm
 
-$(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h)
+$(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h bench/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(LIB_A) -lm
 

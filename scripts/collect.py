@@ -28,6 +28,10 @@ BUG, WARNING, Oops, panic, KASAN, UBSAN, lockdep, list corruption, hung
 task, soft lockup or RCU stall in the log).  An entry that never reported
 (the guest hung, panicked or timed out) fails.
 
+On stderr it prints one line per lane: the fuzzer's operations (from its
+"# fuzz: ops=N" line), the race/ cases run and failed, and the number of
+kernel report lines in the console.
+
 Exit status: 0 when nothing failed, 1 otherwise.
 """
 import re
@@ -270,6 +274,14 @@ def main():
                 f.write("ok %d %s%s\n" % (i, name, " # " + note if note else ""))
             else:
                 f.write("not ok %d %s # %s\n" % (i, name, note))
+    # One line per lane for the reliability work: how much the fuzzer and
+    # the race tests ran, and how many kernel reports the console holds.
+    ops = sum(int(m.group(1)) for e in entries for l in e.out
+              for m in [re.search(r"# fuzz: ops=(\d+)", l)] if m)
+    races = [r for r in results if r[1].startswith("race/")]
+    print("lane %s: fuzz ops %d, race cases %d (%d failed), kernel reports %d"
+          % (lane, ops, len(races), sum(1 for r in races if r[0] is False),
+             len(splats)), file=sys.stderr)
     failed = [r for r in results if r[0] is False]
     return 1 if failed else 0
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# soak.sh LANE SECONDS [SEED]: run the userfaultfd fuzzer in LANE's guest for
+# SECONDS (instead of the fixed operation count of `make check`) and fail on
+# any invariant failure or kernel report.  The seed is printed so a failure
+# can be replayed with the same SEED.
+. "$(dirname "$0")/lib.sh"
+lane=${1:?usage: soak.sh LANE SECONDS [SEED]} secs=${2:?usage: soak.sh LANE SECONDS [SEED]}
+seed=${3:-$(date +%s)}
+[[ $secs =~ ^[0-9]+$ ]] && [ "$secs" -gt 0 ] || die "SECONDS must be a positive number, got '$secs'"
+[[ $seed =~ ^[0-9]+$ ]] || die "SEED must be a number, got '$seed'"
+load_lane "$lane"
+obj=$("$TOP/scripts/build-kernel.sh" "$lane")
+guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj" bin/fuzz-uffd)
+step "soak $lane: fuzz-uffd for ${secs}s, seed $seed"
+rc=0
+RUN_TIMEOUT_S=$((secs + 120)) "$TOP/scripts/lane.sh" run "$lane" "$guest/bin/fuzz-uffd" \
+	--seed "$seed" --seconds "$secs" || rc=$?
+console=$BUILD/results/$lane-run-fuzz-uffd.console
+if grep -aqE 'BUG:|WARNING:|Oops|Kernel panic|KASAN:|UBSAN:|unreferenced object|possible circular locking|inconsistent lock state|blocked for more than' "$console"; then
+	step "soak $lane: kernel reports in $console"
+	rc=1
+fi
+grep -a '# fuzz:' "$console" | tail -1 | sed 's/^@@O //' >&2 || true
+exit $rc
