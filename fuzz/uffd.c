@@ -1501,9 +1501,15 @@ int main(int argc, char **argv)
 	psz = page_size();
 	rs = seed;
 	setvbuf(stdout, NULL, _IONBF, 0);
-	tap_diag("fuzz-uffd seed=%" PRIu64 " ops=%lu seconds=%ld ring=%d "
-		 "(replay: fuzz-uffd --seed %" PRIu64 " --ops N)", seed, nops,
-		 seconds, want_ring, seed);
+	if (nops == ~0UL)
+		tap_diag("fuzz-uffd seed=%" PRIu64 " ops=unbounded seconds=%ld "
+			 "ring=%d (replay: fuzz-uffd --seed %" PRIu64 " --ops N, "
+			 "N from the summary line)", seed, seconds, want_ring,
+			 seed);
+	else
+		tap_diag("fuzz-uffd seed=%" PRIu64 " ops=%lu seconds=%ld ring=%d "
+			 "(replay: fuzz-uffd --seed %" PRIu64 " --ops %lu)", seed,
+			 nops, seconds, want_ring, seed, nops);
 	tap_plan(1 + F_N);
 	signal(SIGALRM, on_alarm);
 	alarm(STALL_S);
