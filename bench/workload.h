@@ -39,6 +39,7 @@
 
 #define WL_WORDS	29
 #define WL_HBUCKETS	2560
+#define WL_WRITE_MAX	(16u << 10)	/* write(2) piece, as libuffdwp's */
 
 struct wl_rec {
 	uint64_t seq_begin;
@@ -65,13 +66,20 @@ struct wl {
 	void *map;
 	uint64_t nrec;
 	int nw;
+	bool running;			/* writer threads started, not joined */
 	atomic_int stop;
 	atomic_int measure;
 	struct wl_writer *w;
+	/* Options of wl_snap_uffdwp() (0/NULL after wl_init: none). */
+	FILE *progress;			/* a line every progress_ms */
+	unsigned int progress_ms;
+	unsigned int write_ms;		/* stop the writers this long after
+					   the snapshot instant (0: never) */
 };
 
 struct wl_result {
 	double pause_us, p50_us, p99_us, max_us, extra_mib, total_ms;
+	double write_ms;		/* writers ran this long during it */
 	bool verified;
 	uint64_t faults, saved, torn, updates;
 	char why[256];
@@ -208,18 +216,24 @@ static inline int wl_start(struct wl *wl)
 			return -err;
 		}
 	}
+	wl->running = true;
 	return 0;
 }
 
+/* Stop and join the writers; a no-op once they are stopped. */
 static inline void wl_stop(struct wl *wl)
 {
 	atomic_store(&wl->stop, 1);
+	if (!wl->running)
+		return;
 	for (int w = 0; w < wl->nw; w++)
 		pthread_join(wl->w[w].thread, NULL);
+	wl->running = false;
 }
 
 static inline void wl_destroy(struct wl *wl)
 {
+	wl_stop(wl);
 	if (wl->map && wl->map != MAP_FAILED)
 		munmap(wl->map, wl->map_len);
 	free(wl->w);
@@ -396,7 +410,8 @@ static inline int wl_snap_fork(struct wl *wl, const char *path, struct wl_result
 		size_t left = wl->len;
 
 		while (left) {
-			ssize_t w = write(fd, p, left > (8u << 20) ? 8u << 20 : left);
+			/* Same piece size as libuffdwp's fd sink. */
+			ssize_t w = write(fd, p, left > WL_WRITE_MAX ? WL_WRITE_MAX : left);
 
 			if (w <= 0)
 				_exit(1);
@@ -431,6 +446,53 @@ static inline int wl_snap_fork(struct wl *wl, const char *path, struct wl_result
 	return 0;
 }
 
+/*
+ * Wait for snapshot S started at T0, printing a progress line to
+ * wl->progress every wl->progress_ms and stopping the writers
+ * wl->write_ms after T0 (then res->write_ms says how long they ran).
+ */
+static inline int wl_snap_wait(struct wl *wl, struct uffdwp_snapshot *s,
+			       uint64_t t0, struct wl_result *res)
+{
+	uint64_t next = wl->progress_ms ? wl->progress_ms : UINT64_MAX;
+	struct uffdwp_snapshot_stats st;
+
+	if (!wl->progress && !wl->write_ms)
+		return uffdwp_snapshot_wait(s, -1);
+	for (;;) {
+		uint64_t ms = (wl_now_ns() - t0) / 1000000;
+		uint64_t until = next;
+		int err;
+
+		if (wl->write_ms && wl->running && wl->write_ms < until)
+			until = wl->write_ms;
+		err = uffdwp_snapshot_wait(s, until > ms ?
+					   (int)(until - ms < 1000000 ? until - ms : 1000000) : 0);
+		if (err != -ETIMEDOUT)
+			return err;
+		ms = (wl_now_ns() - t0) / 1000000;
+		if (wl->write_ms && wl->running && ms >= wl->write_ms) {
+			wl_stop(wl);
+			res->write_ms = (wl_now_ns() - t0) / 1e6;
+			if (wl->progress)
+				fprintf(wl->progress,
+					"  %6.1f s: writers stopped (time bound %u ms); copier goes on alone\n",
+					res->write_ms / 1000, wl->write_ms);
+		}
+		if (wl->progress && ms >= next) {
+			uffdwp_snapshot_stats(s, &st);
+			fprintf(wl->progress,
+				"  %6.1f s: copied %llu/%llu pages, %llu write faults handled, side buffer peak %llu KiB\n",
+				ms / 1000.0, (unsigned long long)st.pages_copied,
+				(unsigned long long)st.pages,
+				(unsigned long long)st.faults,
+				(unsigned long long)(st.side_peak >> 10));
+			while (next <= ms)
+				next += wl->progress_ms;
+		}
+	}
+}
+
 /* Snapshot with libuffdwp into PATH; CAP is the side buffer cap. */
 static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 			  struct wl_result *res)
@@ -456,8 +518,10 @@ static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 		close(o.sink_fd);
 		return err;
 	}
-	err = uffdwp_snapshot_wait(s, -1);
+	err = wl_snap_wait(wl, s, t0, res);
 	res->total_ms = (wl_now_ns() - t0) / 1e6;
+	if (!res->write_ms)
+		res->write_ms = res->total_ms;
 	wl_measure(wl, false);
 	uffdwp_snapshot_stats(s, &st);
 	uffdwp_snapshot_free(s);
@@ -472,6 +536,9 @@ static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 			 strerror(-err));
 		return 0;
 	}
+	if (wl->progress)
+		fprintf(wl->progress, "  %6.1f s: snapshot done, checking %llu records\n",
+			res->total_ms / 1000, (unsigned long long)wl->nrec);
 	res->verified = wl_verify_file(wl, path, lo, hi, res);
 	return 0;
 }
