@@ -57,36 +57,11 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "uffd_ring.h"
 #include "uffd_util.h"
 
-/* ---- write-log ring uAPI (until the lane kernels carry it) ------------- */
-#ifndef UFFD_FEATURE_WP_RING
-#define UFFD_FEATURE_WP_RING		(1 << 17)
-#define _UFFDIO_RING_SETUP		(0x09)
-#define _UFFDIO_RING_RESET		(0x0A)
-struct uffdio_ring_setup {
-	__u64 entries;
-	__u64 flags;
-	__u64 mmap_size;
-};
-struct uffd_ring_header {
-	__u64 producer;
-	__u64 consumer;
-	__u64 entries;
-	__u64 flags;
-	__u64 entry_offset;
-};
-#define UFFD_RING_OVERFLOW		(1ULL << 0)
-#define UFFD_RING_ENTRY_HUGE		(1ULL << 0)
-struct uffdio_ring_reset {
-	__u64 consumer;
-	__u64 flags;
-	__u64 reprotected;
-};
-#define UFFDIO_RING_RESET_CLEAR_OVERFLOW (1ULL << 0)
-#define UFFDIO_RING_SETUP	_IOWR(UFFDIO, _UFFDIO_RING_SETUP, struct uffdio_ring_setup)
-#define UFFDIO_RING_RESET	_IOWR(UFFDIO, _UFFDIO_RING_RESET, struct uffdio_ring_reset)
-#endif
+/* The ring uAPI comes from uffd_ring.h; entries keep flags below the page. */
+
 #ifndef UFFD_RING_ENTRY_ADDR_MASK	/* ring-uapi.md names it; the header may not */
 #define UFFD_RING_ENTRY_ADDR_MASK	(~0xfffULL)
 #endif
