@@ -30,6 +30,7 @@
 #define NPAGES	256
 
 static long psz;
+static bool all_arches;		/* --all-arches: no riscv64 skip (to investigate) */
 
 /* A tracked area: registered for WP on R's uffd and protected. */
 static char *track(struct uring_view *r, size_t npages, bool populate)
@@ -501,9 +502,10 @@ static void case_multithread(void)
 	 * On riscv64 this case lost one write in about one run of eight
 	 * (a page whose last write was neither logged nor found by the
 	 * overflow scan); until that is understood it is reported as a skip
-	 * there, never as a pass.  See README, "Known problems".
+	 * there, never as a pass (`ring --all-arches` runs it anyway).  See
+	 * README, "Known problems".
 	 */
-	if (!uname(&u) && !strcmp(u.machine, "riscv64")) {
+	if (!all_arches && !uname(&u) && !strcmp(u.machine, "riscv64")) {
 		tap_skip(name, "known intermittent lost write on riscv64 under investigation (see README)");
 		return;
 	}
@@ -808,8 +810,9 @@ static void case_close_inflight(void)
 	munmap(p, (size_t)MT_PAGES * psz);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	all_arches = argc > 1 && !strcmp(argv[1], "--all-arches");
 	psz = page_size();
 	watchdog(400);
 	tap_plan(32);
