@@ -278,7 +278,14 @@ static void *pieces_main(void *arg)
 		int queued = 0;
 		ssize_t n;
 
-		/* Only a full pipe with more to come has a writer blocked. */
+		/* Let the pipe fill up (at most 2 s): only a full pipe with
+		 * more to come has a writer blocked. */
+		for (int i = 0; i < 2000; i++) {
+			if (ioctl(pc->rfd, FIONREAD, &queued) || queued >= cap ||
+			    pc->got + (size_t)queued >= pc->len)
+				break;
+			usleep(1000);
+		}
 		if (ioctl(pc->rfd, FIONREAD, &queued) || queued < cap ||
 		    pc->got + (size_t)queued >= pc->len)
 			w = -2;
