@@ -10,8 +10,9 @@
  * After each update the writer publishes done_seq = s in private memory.
  *
  * A copy of the arena taken at one instant therefore shows, per writer, the
- * R most recent updates up to some M (lo_w <= M <= hi_w, done_seq read just
- * before and just after the snapshot instant), each record holding exactly
+ * R most recent updates up to some M (lo_w <= M <= hi_w + 1, done_seq read
+ * just before and just after the snapshot instant; done_seq may lag the
+ * last completed update by one), each record holding exactly
  * the seq its position implies, plus at most one record being written
  * (seq_begin = M + 1, seq_end = its previous seq, each payload word old or
  * new).  A copy that mixes instants breaks this record by record.
@@ -305,7 +306,11 @@ static inline bool wl_verify(struct wl *wl, const struct wl_rec *snap,
 				M = r->seq_end;
 			any |= r->seq_begin == r->seq_end;
 		}
-		if (!any || M < lo[w] || M > hi[w]) {
+		/* M may be one past HI: the update completed just before the
+		 * instant can still be unpublished when HI is read (after
+		 * fork() the writer's store to done_seq faults on the
+		 * copy-on-write page first). */
+		if (!any || M < lo[w] || M > hi[w] + 1) {
 			snprintf(res->why, sizeof(res->why),
 				 "writer %d: snapshot at update %llu, outside [%llu, %llu] of the instant",
 				 w, (unsigned long long)M,
