@@ -2,7 +2,14 @@
 # build-kernel.sh LANE: build the lane's kernel (if not built yet) and print
 # the object directory.  The object directory is keyed by the tree (version +
 # series) and the lane's configuration, so an existing one is complete and
-# nothing is rebuilt.  ccache makes a new key cheap when little changed.
+# nothing is rebuilt.
+#
+# The compile itself happens in a per-lane build slot with fixed paths
+# ($CACHE/slot/LANE/{src,obj}): the slot's source is checked out to the keyed
+# tree's commit and built incrementally, so a new series key recompiles only
+# the files the series changed (a keyed path in every compile command would
+# defeat both make and ccache).  The results (image, uAPI headers, config,
+# logs) are then copied into the keyed object directory.
 . "$(dirname "$0")/lib.sh"
 load_lane "$1"
 
@@ -24,15 +31,17 @@ confkey=$({
 	cat "${frags[@]}"
 } | key_of)
 obj=$CACHE/obj/$(basename "$tree")-$LANE-$confkey
-kmake=(make -C "$tree" O="$obj" ARCH="$KARCH" CROSS_COMPILE="$CROSS_COMPILE"
+slot=$CACHE/slot/$LANE
+kmake=(make -C "$slot/src" O="$slot/obj" ARCH="$KARCH" CROSS_COMPILE="$CROSS_COMPILE"
        CC="ccache ${cc}" HOSTCC="ccache gcc" -s)
 export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache} CCACHE_BASEDIR=$CACHE
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G} CCACHE_NOHASHDIR=1
 export KBUILD_BUILD_TIMESTAMP="uffdwp" KBUILD_BUILD_USER=uffdwp KBUILD_BUILD_HOST=uffdwp
 
-# One build per object directory at a time; a second caller waits for it.
-mkdir -p "$CACHE/obj"
-exec 9>"$CACHE/obj/.lock-$(basename "$obj")"
+# One build per lane at a time (the slot is the lane's); a second caller
+# waits for it and then finds the object directory built.
+mkdir -p "$CACHE/obj" "$CACHE/slot"
+exec 9>"$CACHE/slot/.lock-$LANE"
 flock 9
 
 if [ -f "$obj/.uffdwp-built" ]; then
@@ -43,11 +52,29 @@ if [ -f "$obj/.uffdwp-built" ]; then
 fi
 
 rm -rf "$obj"
-mkdir -p "$obj"
+# The slot's source: a worktree of the base repository (the keyed trees are
+# worktrees of it too, so their commits are at hand), moved to this tree's
+# commit.  Only files that differ are rewritten, so make rebuilds only them.
+base_repo=$(git -C "$tree" rev-parse --path-format=absolute --git-common-dir)
+base_repo=${base_repo%/.git}
+commit=$(git -C "$tree" rev-parse HEAD)
+if [ ! -e "$slot/src/.git" ]; then
+	rm -rf "$slot"
+	mkdir -p "$slot"
+	git -C "$base_repo" worktree prune
+	git -C "$base_repo" worktree add -q --detach "$slot/src" "$commit"
+else
+	git -C "$slot/src" checkout -q -f --detach "$commit"
+	git -C "$slot/src" clean -q -fdx
+fi
+mkdir -p "$slot/obj" "$obj"
+# A build that failed or was interrupted may leave the slot half made; make
+# copes with that, but not with a stale image passing for a new one.
+rm -f "$slot/obj/$KERNEL_IMAGE" "$slot/obj/.uffdwp-built"
 step "kernel $LANE: configuring ($BASE_CONFIG + $FRAGMENTS)"
 "${kmake[@]}" "$BASE_CONFIG" >"$obj/config.log" 2>&1
-KCONFIG_CONFIG="$obj/.config" "$tree/scripts/kconfig/merge_config.sh" -m -O "$obj" \
-	"$obj/.config" "${frags[@]}" >>"$obj/config.log" 2>&1
+KCONFIG_CONFIG="$slot/obj/.config" "$slot/src/scripts/kconfig/merge_config.sh" -m -O "$slot/obj" \
+	"$slot/obj/.config" "${frags[@]}" >>"$obj/config.log" 2>&1
 "${kmake[@]}" olddefconfig >>"$obj/config.log" 2>&1
 
 # Every option a fragment asks for must survive olddefconfig; a silently
@@ -64,31 +91,41 @@ while IFS= read -r line; do
 	# options it expects Kconfig to refuse.
 	[[ " ${ALLOW_MISSING:-} " == *" $opt "* ]] && continue
 	if [[ $want == *"is not set" ]]; then
-		grep -q "^$opt=" "$obj/.config" && { echo "  $opt: wanted off, got $(grep "^$opt=" "$obj/.config")" >&2; bad=1; }
+		grep -q "^$opt=" "$slot/obj/.config" && { echo "  $opt: wanted off, got $(grep "^$opt=" "$slot/obj/.config")" >&2; bad=1; }
 	else
-		grep -qx "$want" "$obj/.config" || { echo "  $opt: wanted ${want#*=}, got $(grep -E "^$opt=|^# $opt is" "$obj/.config" || echo unset)" >&2; bad=1; }
+		grep -qx "$want" "$slot/obj/.config" || { echo "  $opt: wanted ${want#*=}, got $(grep -E "^$opt=|^# $opt is" "$slot/obj/.config" || echo unset)" >&2; bad=1; }
 	fi
 done < <(cat "${frags[@]}")
 [ $bad -eq 0 ] || die "lane $LANE: config fragment options were not applied (see above)"
 
-step "kernel $LANE: building in $obj"
+step "kernel $LANE: building in $slot for $obj"
 log=$obj/build.log
 start=$(date +%s)
+touch "$obj/.build-start"
 "${kmake[@]}" -j"$(($(nproc) + 1))" >"$log" 2>&1 &
 pid=$!
 while kill -0 $pid 2>/dev/null; do
 	sleep 15
 	kill -0 $pid 2>/dev/null || break
-	n=$(find "$obj" -name '*.o' -newer "$obj/.config" 2>/dev/null | wc -l)
-	step "kernel $LANE: building, $n objects so far, $(($(date +%s) - start))s"
+	n=$(find "$slot/obj" -name '*.o' -newer "$obj/.build-start" 2>/dev/null | wc -l)
+	step "kernel $LANE: building, $n objects (re)compiled so far, $(($(date +%s) - start))s"
 done
 if ! wait $pid; then
 	tail -40 "$log" >&2
 	die "kernel $LANE: build failed (full log: $log)"
 fi
+n=$(find "$slot/obj" -name '*.o' -newer "$obj/.build-start" 2>/dev/null | wc -l)
+rm -f "$obj/.build-start"
+[ -f "$slot/obj/$KERNEL_IMAGE" ] || die "kernel $LANE: no $KERNEL_IMAGE after the build"
 "${kmake[@]}" headers_install INSTALL_HDR_PATH="$obj/uapi" >>"$log" 2>&1
-[ -f "$obj/$KERNEL_IMAGE" ] || die "kernel $LANE: no $KERNEL_IMAGE after the build"
+# What the rest of the pipeline reads: the image, the uAPI headers, the
+# config and symbols, and `source` naming the keyed tree (selftests are
+# built from it).
+mkdir -p "$obj/$(dirname "$KERNEL_IMAGE")"
+cp "$slot/obj/$KERNEL_IMAGE" "$obj/$KERNEL_IMAGE"
+cp "$slot/obj/.config" "$slot/obj/System.map" "$obj/"
+ln -sfn "$tree" "$obj/source"
 touch "$obj/.uffdwp-built"
-step "kernel $LANE: built in $(($(date +%s) - start))s"
+step "kernel $LANE: built in $(($(date +%s) - start))s ($n objects compiled)"
 "$TOP/scripts/prune-cache.sh" >&2 || true
 echo "$obj"

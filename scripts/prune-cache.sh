@@ -2,7 +2,8 @@
 # prune-cache.sh: keep the kernel cache bounded.  Object directories and
 # series worktrees are keyed by content, so old keys pile up as the series
 # changes; keep the most recently used ones (KEEP_OBJS, KEEP_TREES) and
-# delete the rest.  The base trees and ccache (size-capped) are kept.
+# delete the rest.  The base trees, the per-lane build slots (one each,
+# reused by every build of the lane) and ccache (size-capped) are kept.
 . "$(dirname "$0")/lib.sh"
 keep_objs=${KEEP_OBJS:-10}
 keep_trees=${KEEP_TREES:-4}

@@ -331,6 +331,68 @@ static void case_logging(void)
 	munmap(p, NPAGES * psz);
 }
 
+/*
+ * A reset whose entries jump between PTE tables in write order, some of
+ * them paged out since they were logged: every page is protected again
+ * (swapped ones in their swap entry), keeps what was written, and its next
+ * write is logged once more.
+ */
+#define TBL_PAGES	2048	/* four PTE tables of 4 KiB pages */
+#define TBL_WRITTEN	256
+#define TBL_STEP	517	/* odd, so the walk visits distinct pages */
+
+static void case_reset_across_tables(void)
+{
+	static unsigned char seen[TBL_PAGES];
+	static int order[TBL_PAGES];	/* write number of each page, or -1 */
+	const char *name = "reset-across-tables";
+	int i, wrong = 0, unprot = 0, lost = 0, swapped = 0, relogged = 0;
+	struct uring_view r;
+	uint64_t reprot = 0;
+	long n;
+	char *p;
+
+	if (!need_ring(name))
+		return;
+	if (ring_open(&r, 1024, 0) || !(p = track(&r, TBL_PAGES, true)))
+		tap_bail("ring_open/track");
+	memset(order, -1, sizeof(order));
+	for (i = 0; i < TBL_WRITTEN; i++) {
+		order[i * TBL_STEP % TBL_PAGES] = i;
+		p[(size_t)(i * TBL_STEP % TBL_PAGES) * psz] = (char)(i | 1);
+	}
+	/* Every eighth written page goes to swap before the reset. */
+	for (i = 0; i < TBL_WRITTEN; i += 8)
+		madvise(p + (size_t)(i * TBL_STEP % TBL_PAGES) * psz, psz,
+			MADV_PAGEOUT);
+	for (i = 0; i < TBL_WRITTEN; i++)
+		swapped += !!(pagemap_entry(p + (size_t)(i * TBL_STEP % TBL_PAGES) *
+					    psz) & PM_SWAP);
+	memset(seen, 0, sizeof(seen));
+	n = harvest(&r, p, TBL_PAGES, seen, NULL, &reprot);
+	for (i = 0; i < TBL_PAGES; i++) {
+		wrong += seen[i] != (order[i] >= 0);
+		unprot += !page_wp(p + (size_t)i * psz);
+		lost += order[i] >= 0 && p[(size_t)i * psz] != (char)(order[i] | 1);
+	}
+	/* Written again in the opposite order: each logged once more. */
+	for (i = TBL_WRITTEN - 1; i >= 0; i--)
+		p[(size_t)(i * TBL_STEP % TBL_PAGES) * psz + 1] = 1;
+	memset(seen, 0, sizeof(seen));
+	if (harvest(&r, p, TBL_PAGES, seen, NULL, NULL) == TBL_WRITTEN)
+		for (i = 0; i < TBL_PAGES; i++)
+			relogged += seen[i] == 1;
+	tap_check(n == TBL_WRITTEN && reprot == TBL_WRITTEN && !wrong &&
+		  !unprot && !lost && relogged == TBL_WRITTEN, name,
+		  "%ld entries, %llu reprotected, %d pages logged wrongly, %d unprotected, %d lost their data, %d of %d logged again",
+		  n, (unsigned long long)reprot, wrong, unprot, lost, relogged,
+		  TBL_WRITTEN);
+	tap_diag("%s: %d of %d written pages were in swap at the reset", name,
+		 swapped, TBL_WRITTEN);
+	ring_close(&r);
+	munmap(p, (size_t)TBL_PAGES * psz);
+}
+
 static void case_reset_bad(void)
 {
 	struct uring_view r;
@@ -471,7 +533,6 @@ static void *mt_write(void *arg)
 struct mt_state {
 	char *p;
 	char *shadow;
-	unsigned char *seen;
 };
 
 static void mt_copy(unsigned long page, void *arg)
@@ -815,13 +876,14 @@ int main(int argc, char **argv)
 	all_arches = argc > 1 && !strcmp(argv[1], "--all-arches");
 	psz = page_size();
 	watchdog(400);
-	tap_plan(32);
+	tap_plan(33);
 	case_feature();			/* 2 */
 	case_setup_bad();		/* 3 */
 	case_setup_order();		/* 3 */
 	case_mmap();			/* 8 */
 	case_logging();			/* 3 */
 	case_reset_bad();		/* 1 */
+	case_reset_across_tables();	/* 1 */
 	case_overflow();		/* 2 */
 	case_multithread();		/* 1 */
 	case_unpopulated();		/* 1 */
