@@ -1,12 +1,12 @@
 # uffd-wp: userfaultfd write-protection, built on Debian's linux-source-6.12,
 # tested in QEMU.  `make help` lists the targets.
 
-LANES ?= x86_64 riscv64
+LANES ?= x86_64 riscv64 x86_64-debug
 LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check demo bench soak run prog mutation-check kernel kernel-tree export-patches help clean
+.PHONY: all check demo bench soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
 
 all: check
 
@@ -49,6 +49,12 @@ prog:
 ## mutation-check: the suites on a kernel without uffd-wp must fail
 mutation-check:
 	@scripts/mutation-check.sh
+
+## build-each-patch: build every prefix of the series for EACH_LANES (one patch
+##       at a time, incrementally); TAP in build/results/each-patch.tap
+EACH_LANES ?= x86_64 riscv64
+build-each-patch:
+	@scripts/build-each-patch.sh $(EACH_LANES)
 
 ## kernel: build LANE's kernel only and print its object directory
 kernel:

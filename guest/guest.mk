@@ -20,7 +20,8 @@ LIB_A    := $(if $(LIB_SRCS),$(OUT)/libuffdwp.a)
 
 # Our programs: the PID 1, the demo, and one conformance suite per area.
 TEST_SRCS := $(wildcard tests/*.c)
-TEST_LIB  := $(filter tests/tap.c tests/uffd_util.c tests/uffd_ring.c,$(TEST_SRCS))
+TEST_LIB  := $(filter tests/tap.c tests/uffd_util.c tests/uffd_ring.c \
+		      tests/wp_probe.c,$(TEST_SRCS))
 SUITES    := $(filter-out $(TEST_LIB),$(TEST_SRCS))
 OURS := $(OUT)/init $(OUT)/bin/catch-writes \
 	$(patsubst tests/%.c,$(OUT)/bin/%,$(SUITES))

@@ -5,7 +5,7 @@
 #   N passed, N failed, N skipped
 # counted over build/results/series.tap and each lane's TAP.
 . "$(dirname "$0")/lib.sh"
-[ $# -gt 0 ] || set -- x86_64 riscv64
+[ $# -gt 0 ] || set -- x86_64 riscv64 x86_64-debug
 results=$BUILD/results
 mkdir -p "$results"
 

@@ -29,6 +29,7 @@
 
 #include "tap.h"
 #include "uffd_util.h"
+#include "wp_probe.h"
 
 #define FAULT_WAIT_MS	3000
 #define QUIET_MS	200
@@ -80,8 +81,6 @@ static char pattern(int i, size_t off)
 
 static bool area_setup(struct area *a, uint64_t mode)
 {
-	int err;
-
 	memset(a, 0, sizeof(*a));
 	a->uffd = -1;
 	a->len = PAGES * page_size();
@@ -97,14 +96,9 @@ static bool area_setup(struct area *a, uint64_t mode)
 	for (int i = 0; i < PAGES; i++)
 		for (size_t off = 0; off < (size_t)page_size(); off++)
 			a->src[i * page_size() + off] = pattern(i, off);
-	a->uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
-	if (a->uffd < 0)
-		return because("uffd_open: %s", strerror(-a->uffd));
-	err = uffd_register(a->uffd, a->base, a->len, mode, NULL);
-	if (err)
-		return because("UFFDIO_REGISTER mode %#llx: %s",
-			       (unsigned long long)mode, strerror(-err));
-	return true;
+	a->uffd = wp_uffd_open(a->base, a->len, UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+			       mode, false, why, sizeof(why));
+	return a->uffd >= 0;
 }
 
 static void area_teardown(struct area *a)
@@ -115,20 +109,6 @@ static void area_teardown(struct area *a)
 		munmap(a->base, a->len);
 	if (a->src)
 		munmap(a->src, a->len);
-}
-
-/*
- * writer_wait() that remembers a joined writer (addr NULL), so that the
- * failure path's writer_release() never joins it twice.
- */
-static bool writer_joined(struct writer *w, int timeout_ms)
-{
-	if (!w->addr)
-		return true;
-	if (!writer_wait(w, timeout_ms))
-		return false;
-	w->addr = NULL;
-	return true;
 }
 
 /*

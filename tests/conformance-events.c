@@ -314,6 +314,28 @@ static bool expect_no_message(struct setup *s, const char *when)
 	return true;
 }
 
+/*
+ * Read one message: a page fault at PAGE with exactly FLAGS.  Otherwise
+ * false, the reason naming WHAT was written and the fault WANTed.
+ */
+static bool expect_fault(struct setup *s, char *page, uint64_t flags,
+			 const char *what, const char *want)
+{
+	struct uffd_msg msg = { 0 };
+	int n = uffd_read_msg(s->uffd, &msg, EVENT_WAIT_MS);
+
+	if (n == 1 && msg.event == UFFD_EVENT_PAGEFAULT &&
+	    msg.arg.pagefault.address == (uintptr_t)page &&
+	    msg.arg.pagefault.flags == flags)
+		return true;
+	return because("%s: got %s (event %s addr %#llx flags %#llx), want "
+		       "%s at %p", what, n == 1 ? "a message" : "no message",
+		       event_name(msg.event),
+		       (unsigned long long)msg.arg.pagefault.address,
+		       (unsigned long long)msg.arg.pagefault.flags, want,
+		       (void *)page);
+}
+
 /* Move A onto DEST; REMAP then the implicit UNMAP of the old range. */
 static bool remap_events(struct setup *s)
 {
@@ -338,33 +360,22 @@ static bool moved_pages_stay_protected(struct setup *s)
 {
 	char *page = s->dest + 5 * page_size();
 	size_t kept = pages_with(s->dest, area_len(), PM_UFFD_WP);
-	struct uffd_msg msg = { 0 };
 	struct writer w;
-	int n;
+	bool fault_ok;
 
 	if (kept != PAGES)
 		return because("%zu of %d moved pages have PM_UFFD_WP", kept,
 			       PAGES);
 	if (writer_start(&w, page, page_size(), 'R'))
 		return because("pthread_create failed");
-	n = uffd_read_msg(s->uffd, &msg, EVENT_WAIT_MS);
-	if (n != 1 || msg.event != UFFD_EVENT_PAGEFAULT ||
-	    msg.arg.pagefault.address != (uintptr_t)page ||
-	    msg.arg.pagefault.flags != WP_WRITE)
-		because("write to a moved page: got %s (event %s addr %#llx "
-			"flags %#llx), want WP|WRITE at %p",
-			n == 1 ? "a message" : "no message",
-			event_name(msg.event),
-			(unsigned long long)msg.arg.pagefault.address,
-			(unsigned long long)msg.arg.pagefault.flags, (void *)page);
-	else
-		why[0] = 0;
+	fault_ok = expect_fault(s, page, WP_WRITE, "write to a moved page",
+				"WP|WRITE");
 	uffd_wp(s->uffd, s->dest, area_len(), 0);
 	if (!writer_wait(&w, EVENT_WAIT_MS)) {
 		s->stuck = true;
 		return because("writer not woken on the moved area");
 	}
-	if (why[0])
+	if (!fault_ok)
 		return false;
 	if (page[0] != 'R' || page[1] != pattern(5 * page_size() + 1))
 		return because("moved page 5 holds %#x %#x after the write",
@@ -407,26 +418,17 @@ static bool remove_event(struct setup *s)
 static bool removed_range_still_registered(struct setup *s)
 {
 	char *page = s->a + 3 * page_size();
-	struct uffd_msg msg = { 0 };
 	struct writer w;
-	int n, err;
+	bool fault_ok;
+	int err;
 
 	if (pagemap_entry(page) & PM_PRESENT)
 		return because("page 3 is still present after MADV_DONTNEED");
 	if (writer_start(&w, page, page_size(), 'm'))
 		return because("pthread_create failed");
-	n = uffd_read_msg(s->uffd, &msg, EVENT_WAIT_MS);
-	if (n != 1 || msg.event != UFFD_EVENT_PAGEFAULT ||
-	    msg.arg.pagefault.address != (uintptr_t)page ||
-	    msg.arg.pagefault.flags != UFFD_PAGEFAULT_FLAG_WRITE)
-		because("write to a removed page: got %s (event %s addr %#llx "
-			"flags %#llx), want a MISSING write fault at %p",
-			n == 1 ? "a message" : "no message",
-			event_name(msg.event),
-			(unsigned long long)msg.arg.pagefault.address,
-			(unsigned long long)msg.arg.pagefault.flags, (void *)page);
-	else
-		why[0] = 0;
+	fault_ok = expect_fault(s, page, UFFD_PAGEFAULT_FLAG_WRITE,
+				"write to a removed page",
+				"a MISSING write fault");
 	err = uffd_zeropage(s->uffd, page, page_size(), 0);
 	if (!writer_wait(&w, EVENT_WAIT_MS)) {
 		/* Closing the uffd drops the registration and wakes it. */
@@ -437,7 +439,7 @@ static bool removed_range_still_registered(struct setup *s)
 		return because("writer not woken by UFFDIO_ZEROPAGE (%s)",
 			       err ? strerror(-err) : "ok");
 	}
-	if (why[0])
+	if (!fault_ok)
 		return false;
 	if (page[0] != 'm' || page[1] != 0)
 		return because("removed page holds %#x %#x after the write",

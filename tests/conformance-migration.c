@@ -25,6 +25,7 @@
 
 #include "tap.h"
 #include "uffd_util.h"
+#include "wp_probe.h"
 
 #ifndef MPOL_MF_MOVE
 #define MPOL_MF_MOVE	(1 << 1)
@@ -35,8 +36,6 @@
 
 #define NR_PAGES	8
 #define NR_SUBPAGES	512
-#define MSG_WAIT_MS	3000
-#define QUIET_MS	300
 #define NODE_SYSFS	"/sys/devices/system/node/"
 #define FREE_HUGE	"/hugepages/hugepages-2048kB/free_hugepages"
 
@@ -154,21 +153,16 @@ static bool area_map(struct area *a, enum kind kind, char *why, size_t wlen)
 	return true;
 }
 
-static int area_protect(struct area *a)
+/* Open a uffd with the features KIND needs, register A and protect it. */
+static bool area_protect(struct area *a, char *why, size_t wlen)
 {
 	uint64_t features = UFFD_FEATURE_PAGEFAULT_FLAG_WP;
-	int err;
 
 	if (a->kind == SHMEM || a->kind == HUGETLB)
 		features |= UFFD_FEATURE_WP_HUGETLBFS_SHMEM;
-	a->uffd = uffd_open(features, NULL);
-	if (a->uffd < 0)
-		return a->uffd;
-	err = uffd_register(a->uffd, a->p, a->len, UFFDIO_REGISTER_MODE_WP,
-			    NULL);
-	if (err)
-		return err;
-	return uffd_wp(a->uffd, a->p, a->len, UFFDIO_WRITEPROTECT_MODE_WP);
+	a->uffd = wp_uffd_open(a->p, a->len, features, UFFDIO_REGISTER_MODE_WP,
+			       true, why, wlen);
+	return a->uffd >= 0;
 }
 
 static void area_destroy(struct area *a)
@@ -247,77 +241,6 @@ static bool area_move(struct area *a, int node, char *why, size_t wlen)
 	return true;
 }
 
-struct wp_probe {
-	int msgs;
-	struct uffd_msg msg;
-	bool blocked;
-	int resolve_err;
-	bool finished;
-	int extra;
-};
-
-/*
- * Store VAL at ADDR from a writer thread, take the first message while the
- * writer is blocked, unprotect [res, res + res_len) and wait for the writer.
- */
-static bool probe_write(int uffd, char *addr, char val, char *res,
-			size_t res_len, struct wp_probe *pr)
-{
-	struct writer *w = calloc(1, sizeof(*w));
-
-	memset(pr, 0, sizeof(*pr));
-	if (!w || writer_start(w, addr, 1, val)) {
-		free(w);
-		return false;
-	}
-	pr->msgs = uffd_read_msg(uffd, &pr->msg, MSG_WAIT_MS) == 1;
-	pr->blocked = !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
-	pr->resolve_err = uffd_wp(uffd, res, res_len, 0);
-	pr->finished = writer_wait(w, MSG_WAIT_MS);
-	if (!pr->finished) {
-		uffd_unregister(uffd, res, res_len);
-		uffd_wake(uffd, res, res_len);
-		if (!writer_wait(w, MSG_WAIT_MS))
-			return false;
-	} else {
-		struct uffd_msg more;
-
-		pr->extra = uffd_read_msg(uffd, &more, QUIET_MS) == 1;
-	}
-	free(w);
-	return true;
-}
-
-static bool probe_ok(const struct wp_probe *pr, void *want, char *why,
-		     size_t wlen)
-{
-	const struct uffd_msg *m = &pr->msg;
-
-	if (!pr->msgs)
-		snprintf(why, wlen, "no fault message within %d ms", MSG_WAIT_MS);
-	else if (m->event != UFFD_EVENT_PAGEFAULT)
-		snprintf(why, wlen, "message event %u, want PAGEFAULT", m->event);
-	else if (!(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) ||
-		 !(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE))
-		snprintf(why, wlen, "fault flags %#llx, want WP|WRITE",
-			 (unsigned long long)m->arg.pagefault.flags);
-	else if (m->arg.pagefault.address != (uintptr_t)want)
-		snprintf(why, wlen, "fault address %#llx, want %p",
-			 (unsigned long long)m->arg.pagefault.address, want);
-	else if (!pr->blocked)
-		snprintf(why, wlen, "the write completed before it was resolved");
-	else if (pr->resolve_err)
-		snprintf(why, wlen, "unprotect to resolve: %s",
-			 strerror(-pr->resolve_err));
-	else if (!pr->finished)
-		snprintf(why, wlen, "the write did not complete after resolving");
-	else if (pr->extra)
-		snprintf(why, wlen, "a second message after resolving");
-	else
-		return true;
-	return false;
-}
-
 /*
  * Write VAL at byte OFF of A through a WP fault.  The message names the
  * page (for hugetlb: the huge page, as UFFD_FEATURE_EXACT_ADDRESS is off);
@@ -328,15 +251,10 @@ static bool fault_at(struct area *a, size_t off, char val, char *why,
 {
 	size_t unit = a->kind == HUGETLB ? HPAGE_SIZE : (size_t)psz;
 	char *want = a->p + off / unit * unit;
-	struct wp_probe pr;
 
-	if (!probe_write(a->uffd, a->p + off, val, want, unit, &pr)) {
-		a->leak = true;
-		snprintf(why, wlen, "writer at offset %zu never finished", off);
-		return false;
-	}
 	a->expect[off] = val;
-	return probe_ok(&pr, want, why, wlen);
+	return wp_write_faults_once(a->uffd, a->p + off, val, want, want, unit,
+				    &a->leak, why, wlen);
 }
 
 static bool data_ok(struct area *a, char *why, size_t wlen)
@@ -370,7 +288,7 @@ static bool protected_and_moved(struct area *a, enum kind kind,
 				const char *name, bool *ok, char *why,
 				size_t wlen)
 {
-	int from, to, now, err;
+	int from, to, now;
 
 	*ok = false;
 	if (!area_map(a, kind, why, wlen)) {
@@ -384,11 +302,8 @@ static bool protected_and_moved(struct area *a, enum kind kind,
 		tap_skip(name, "no THP: AnonHugePages %ld kB", huge_kb(a->p));
 		return false;
 	}
-	err = area_protect(a);
-	if (err) {
-		snprintf(why, wlen, "WP register/protect: %s", strerror(-err));
+	if (!area_protect(a, why, wlen))
 		return true;
-	}
 	from = area_node(a, why, wlen);
 	if (from < 0)
 		return true;

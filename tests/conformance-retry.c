@@ -26,17 +26,12 @@
 
 #include "tap.h"
 #include "uffd_util.h"
-
-#ifndef MADV_PAGEOUT
-#define MADV_PAGEOUT 21
-#endif
+#include "wp_probe.h"
 
 #define NR_PAGES	16
 #define MSG_WAIT_MS	3000
 #define QUIET_MS	300
 #define NR_WAKES	2
-#define PM_SWAP_TYPE(e)		((e) & 0x1f)
-#define PM_SWAP_OFFSET(e)	(((e) & ((1ULL << 55) - 1)) >> 5)
 
 #define FAIL(...)						\
 	do {							\
@@ -46,97 +41,30 @@
 
 static long psz;
 
-struct area {
-	char *p;
-	size_t len;
-	char *expect;
-	int uffd;
-	bool leak;
-};
-
-/* Keep MADV_PAGEOUT's LRU drain on the CPU that faulted the pages in. */
-static bool is_swapped(uint64_t e)
-{
-	return (e & PM_SWAP) && !(e & PM_PRESENT) && PM_SWAP_TYPE(e) == 0 &&
-	       PM_SWAP_OFFSET(e) != 0;
-}
-
-static int count_swapped_wp(struct area *a)
-{
-	int n = 0;
-
-	for (size_t off = 0; off < a->len; off += psz) {
-		uint64_t e = pagemap_entry(a->p + off);
-
-		n += is_swapped(e) && (e & PM_UFFD_WP);
-	}
-	return n;
-}
-
-static void area_destroy(struct area *a)
-{
-	if (a->uffd >= 0)
-		close(a->uffd);
-	free(a->expect);
-	if (a->p && !a->leak)
-		munmap(a->p, a->len);
-}
-
 /*
  * NR_PAGES pages with a pattern, registered and write-protected, then paged
  * out until every page is a protected swap entry.  Reports the case itself
  * (fail or skip) when that does not work.
  */
-static bool area_swapped_protected(struct area *a, const char *name,
+static bool area_swapped_protected(struct wp_area *a, const char *name,
 				   unsigned int seed)
 {
-	int err;
+	char why[256] = "";
 
-	memset(a, 0, sizeof(*a));
-	a->uffd = -1;
-	a->len = NR_PAGES * psz;
-	a->p = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
-		    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	a->expect = malloc(a->len);
-	if (a->p == MAP_FAILED || !a->expect) {
-		a->p = a->p == MAP_FAILED ? NULL : a->p;
-		tap_fail(name, "out of memory for the test area");
+	if (wp_area_create(a, NR_PAGES * psz, why, sizeof(why))) {
+		tap_fail(name, "%s", why);
 		return false;
 	}
-	fill_pattern(a->p, a->len, seed);
-	memcpy(a->expect, a->p, a->len);
-	a->uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
-	if (a->uffd < 0) {
-		tap_fail(name, "userfaultfd with WP: %s", strerror(-a->uffd));
+	wp_area_fill(a, seed);
+	if (wp_area_arm(a, UFFD_FEATURE_PAGEFAULT_FLAG_WP, true, why,
+			sizeof(why))) {
+		tap_fail(name, "%s", why);
 		return false;
 	}
-	err = uffd_register(a->uffd, a->p, a->len, UFFDIO_REGISTER_MODE_WP,
-			    NULL);
-	if (!err)
-		err = uffd_wp(a->uffd, a->p, a->len, UFFDIO_WRITEPROTECT_MODE_WP);
-	if (err) {
-		tap_fail(name, "WP register/protect: %s", strerror(-err));
-		return false;
-	}
-	for (int tries = 0; tries < 20; tries++) {
-		if (madvise(a->p, a->len, MADV_PAGEOUT))
-			break;
-		if (count_swapped_wp(a) == NR_PAGES)
-			return true;
-		usleep(10000);
-	}
-	tap_fail(name, "only %d of %d pages became protected swap entries",
-		 count_swapped_wp(a), NR_PAGES);
-	return false;
-}
-
-static bool data_ok(struct area *a, char *why, size_t wlen)
-{
-	long d = first_diff(a->p, a->expect, a->len);
-
-	if (d < 0)
+	if (!page_out(a->p, a->len, PM_UFFD_WP))
 		return true;
-	snprintf(why, wlen, "data differs at offset %ld (page %ld)", d, d / psz);
+	tap_fail(name, "only %zu of %d pages became protected swap entries",
+		 pages_swapped(a->p, a->len, PM_UFFD_WP), NR_PAGES);
 	return false;
 }
 
@@ -164,7 +92,7 @@ static bool page_settled(void *page, char *why, size_t wlen)
  * Wait for the writer W; if it does not finish, unregister (which wakes it
  * without uffd) and mark the area as not to be unmapped if even that fails.
  */
-static bool finish_writer(struct area *a, struct writer *w)
+static bool finish_writer(struct wp_area *a, struct writer *w)
 {
 	if (writer_wait(w, MSG_WAIT_MS))
 		return true;
@@ -187,7 +115,7 @@ static void test_swapped_write_one_message(void)
 	char why[512] = "";
 	struct uffd_msg msg;
 	struct writer w;
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 	uint64_t at_msg;
 	int err;
@@ -228,11 +156,11 @@ static void test_swapped_write_one_message(void)
 		goto out;
 	tap_diag("pagemap of the page while the WP fault was pending: %#llx",
 		 (unsigned long long)at_msg);
-	ok = data_ok(&a, why, sizeof(why));
+	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
 out_free:
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -248,7 +176,7 @@ static void test_wake_refaults(void)
 	char why[512] = "";
 	struct uffd_msg msg;
 	struct writer w;
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 	int msgs = 0, err;
 
@@ -297,11 +225,11 @@ static void test_wake_refaults(void)
 		     (unsigned long long)msg.arg.pagefault.flags);
 	if (!page_settled(page, why, sizeof(why)))
 		goto out;
-	ok = data_ok(&a, why, sizeof(why));
+	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
 out_free:
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -315,7 +243,7 @@ static void test_many_swapped_pages(void)
 	char why[512] = "";
 	struct resolver r;
 	struct writer w;
-	struct area a;
+	struct wp_area a;
 	bool ok = false, done;
 
 	if (!area_swapped_protected(&a, name, 3))
@@ -340,17 +268,18 @@ static void test_many_swapped_pages(void)
 	for (int i = 0; i < NR_PAGES; i++)
 		if (!page_settled(a.p + i * psz, why, sizeof(why)))
 			goto out;
-	ok = data_ok(&a, why, sizeof(why));
+	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
 out_free:
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 int main(void)
 {
 	watchdog(60);
 	psz = page_size();
+	/* Keep MADV_PAGEOUT's LRU drain on the CPU that faulted pages in. */
 	if (pin_to_cpu0())
 		tap_diag("sched_setaffinity: %s", strerror(errno));
 	tap_plan(3);

@@ -24,6 +24,7 @@
 
 #include "tap.h"
 #include "uffd_util.h"
+#include "wp_probe.h"
 
 #ifndef MFD_HUGETLB
 #define MFD_HUGETLB	0x0004U
@@ -33,7 +34,6 @@
 #endif
 
 #define NR_PAGES	8
-#define MSG_WAIT_MS	3000
 #define QUIET_MS	300
 
 #define FAIL(...)						\
@@ -114,33 +114,10 @@ static bool area_map(struct area *a, enum kind kind, size_t len, bool populate,
 /* Open a uffd asking for WP on shmem/hugetlbfs, register and protect. */
 static bool area_protect(struct area *a, char *why, size_t wlen)
 {
-	uint64_t want = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
-			UFFD_FEATURE_WP_HUGETLBFS_SHMEM, got = 0;
-	int err;
-
-	a->uffd = uffd_open(want, &got);
-	if (a->uffd < 0) {
-		snprintf(why, wlen, "UFFDIO_API with WP_HUGETLBFS_SHMEM: %s",
-			 strerror(-a->uffd));
-		return false;
-	}
-	if ((got & want) != want) {
-		snprintf(why, wlen, "UFFDIO_API features %#llx lack %#llx",
-			 (unsigned long long)got, (unsigned long long)want);
-		return false;
-	}
-	err = uffd_register(a->uffd, a->p, a->len, UFFDIO_REGISTER_MODE_WP,
-			    NULL);
-	if (err) {
-		snprintf(why, wlen, "WP register: %s", strerror(-err));
-		return false;
-	}
-	err = uffd_wp(a->uffd, a->p, a->len, UFFDIO_WRITEPROTECT_MODE_WP);
-	if (err) {
-		snprintf(why, wlen, "protect: %s", strerror(-err));
-		return false;
-	}
-	return true;
+	a->uffd = wp_uffd_open(a->p, a->len, UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+			       UFFD_FEATURE_WP_HUGETLBFS_SHMEM,
+			       UFFDIO_REGISTER_MODE_WP, true, why, wlen);
+	return a->uffd >= 0;
 }
 
 static void area_destroy(struct area *a)
@@ -175,73 +152,6 @@ static bool area_setup(struct area *a, enum kind kind, size_t len,
 	return true;
 }
 
-struct wp_probe {
-	int msgs;
-	struct uffd_msg msg;
-	bool blocked;
-	int resolve_err;
-	bool finished;
-	int extra;
-};
-
-static bool probe_write(int uffd, char *addr, char val, char *res,
-			size_t res_len, struct wp_probe *pr)
-{
-	struct writer *w = calloc(1, sizeof(*w));
-
-	memset(pr, 0, sizeof(*pr));
-	if (!w || writer_start(w, addr, 1, val)) {
-		free(w);
-		return false;
-	}
-	pr->msgs = uffd_read_msg(uffd, &pr->msg, MSG_WAIT_MS) == 1;
-	pr->blocked = !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
-	pr->resolve_err = uffd_wp(uffd, res, res_len, 0);
-	pr->finished = writer_wait(w, MSG_WAIT_MS);
-	if (!pr->finished) {
-		uffd_unregister(uffd, res, res_len);
-		uffd_wake(uffd, res, res_len);
-		if (!writer_wait(w, MSG_WAIT_MS))
-			return false;
-	} else {
-		struct uffd_msg more;
-
-		pr->extra = uffd_read_msg(uffd, &more, QUIET_MS) == 1;
-	}
-	free(w);
-	return true;
-}
-
-static bool probe_ok(const struct wp_probe *pr, void *want, char *why,
-		     size_t wlen)
-{
-	const struct uffd_msg *m = &pr->msg;
-
-	if (!pr->msgs)
-		snprintf(why, wlen, "no fault message within %d ms", MSG_WAIT_MS);
-	else if (m->event != UFFD_EVENT_PAGEFAULT)
-		snprintf(why, wlen, "message event %u, want PAGEFAULT", m->event);
-	else if (!(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) ||
-		 !(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE))
-		snprintf(why, wlen, "fault flags %#llx, want WP|WRITE",
-			 (unsigned long long)m->arg.pagefault.flags);
-	else if (m->arg.pagefault.address != (uintptr_t)want)
-		snprintf(why, wlen, "fault address %#llx, want %p",
-			 (unsigned long long)m->arg.pagefault.address, want);
-	else if (!pr->blocked)
-		snprintf(why, wlen, "the write completed before it was resolved");
-	else if (pr->resolve_err)
-		snprintf(why, wlen, "unprotect to resolve: %s",
-			 strerror(-pr->resolve_err));
-	else if (!pr->finished)
-		snprintf(why, wlen, "the write did not complete after resolving");
-	else if (pr->extra)
-		snprintf(why, wlen, "a second message after resolving");
-	else
-		return true;
-	return false;
-}
-
 /*
  * Write VAL at byte OFF of A through exactly one WP fault, reported at the
  * start of the fault granule (no UFFD_FEATURE_EXACT_ADDRESS) and resolved
@@ -251,15 +161,10 @@ static bool fault_at(struct area *a, size_t off, char val, char *why,
 		     size_t wlen)
 {
 	char *want = a->p + off / a->unit * a->unit;
-	struct wp_probe pr;
 
-	if (!probe_write(a->uffd, a->p + off, val, want, a->unit, &pr)) {
-		a->leak = true;
-		snprintf(why, wlen, "writer at offset %zu never finished", off);
-		return false;
-	}
 	a->expect[off] = val;
-	return probe_ok(&pr, want, why, wlen);
+	return wp_write_faults_once(a->uffd, a->p + off, val, want, want,
+				    a->unit, &a->leak, why, wlen);
 }
 
 /* The mapping, and the file behind it if any, hold the expected data. */
@@ -287,19 +192,6 @@ static bool data_ok(struct area *a, char *why, size_t wlen)
 		return false;
 	}
 	return true;
-}
-
-/* Pages of [p, p + len) whose entry has all of SET and none of CLEAR. */
-static size_t pages_matching(char *p, size_t len, uint64_t set, uint64_t clear)
-{
-	size_t n = 0;
-
-	for (size_t off = 0; off < len; off += psz) {
-		uint64_t e = pagemap_entry(p + off);
-
-		n += (e & set) == set && !(e & clear);
-	}
-	return n;
 }
 
 /*

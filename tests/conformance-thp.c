@@ -25,6 +25,7 @@
 
 #include "tap.h"
 #include "uffd_util.h"
+#include "wp_probe.h"
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25
@@ -32,8 +33,6 @@
 
 #define NR_SUBPAGES	512
 #define KHUGEPAGED	"/sys/kernel/mm/transparent_hugepage/khugepaged/"
-#define MSG_WAIT_MS	3000
-#define QUIET_MS	300
 
 #define FAIL(...)						\
 	do {							\
@@ -89,19 +88,12 @@ static bool thp_create_at(struct thp *t, char *p, unsigned int seed, char *why,
 	return true;
 }
 
-/* Register T for WP and write-protect all of it. */
-static int thp_protect(struct thp *t)
+/* Register T for WP and write-protect all of it; false with WHY if not. */
+static bool thp_protect(struct thp *t, char *why, size_t wlen)
 {
-	int err;
-
-	t->uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
-	if (t->uffd < 0)
-		return t->uffd;
-	err = uffd_register(t->uffd, t->p, HPAGE_SIZE,
-			    UFFDIO_REGISTER_MODE_WP, NULL);
-	if (err)
-		return err;
-	return uffd_wp(t->uffd, t->p, HPAGE_SIZE, UFFDIO_WRITEPROTECT_MODE_WP);
+	t->uffd = wp_uffd_open(t->p, HPAGE_SIZE, UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+			       UFFDIO_REGISTER_MODE_WP, true, why, wlen);
+	return t->uffd >= 0;
 }
 
 static void thp_release(struct thp *t)
@@ -113,94 +105,15 @@ static void thp_release(struct thp *t)
 	t->uffd = -1;
 }
 
-/*
- * The outcome of one store through a WP fault: the store is made by a
- * writer thread, the first message is checked while the writer is still
- * blocked, then [res, res + res_len) is unprotected.
- */
-struct wp_probe {
-	int msgs;
-	struct uffd_msg msg;
-	bool blocked;
-	int resolve_err;
-	bool finished;
-	int extra;
-};
-
-static bool probe_write(int uffd, char *addr, char val, char *res,
-			size_t res_len, struct wp_probe *pr)
-{
-	struct writer *w = calloc(1, sizeof(*w));
-
-	memset(pr, 0, sizeof(*pr));
-	if (!w || writer_start(w, addr, 1, val)) {
-		free(w);
-		return false;
-	}
-	pr->msgs = uffd_read_msg(uffd, &pr->msg, MSG_WAIT_MS) == 1;
-	pr->blocked = !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
-	pr->resolve_err = uffd_wp(uffd, res, res_len, 0);
-	pr->finished = writer_wait(w, MSG_WAIT_MS);
-	if (!pr->finished) {
-		/* Drop the protection with the registration, then wake. */
-		uffd_unregister(uffd, res, res_len);
-		uffd_wake(uffd, res, res_len);
-		if (!writer_wait(w, MSG_WAIT_MS))
-			return false;	/* leak W: its thread still runs */
-	} else {
-		struct uffd_msg more;
-
-		pr->extra = uffd_read_msg(uffd, &more, QUIET_MS) == 1;
-	}
-	free(w);
-	return true;
-}
-
-/* Check PR is exactly one WP write fault at WANT; explain otherwise. */
-static bool probe_ok(const struct wp_probe *pr, void *want, char *why,
-		     size_t wlen)
-{
-	const struct uffd_msg *m = &pr->msg;
-
-	if (!pr->msgs)
-		snprintf(why, wlen, "no fault message within %d ms", MSG_WAIT_MS);
-	else if (m->event != UFFD_EVENT_PAGEFAULT)
-		snprintf(why, wlen, "message event %u, want PAGEFAULT", m->event);
-	else if (!(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) ||
-		 !(m->arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE))
-		snprintf(why, wlen, "fault flags %#llx, want WP|WRITE",
-			 (unsigned long long)m->arg.pagefault.flags);
-	else if (m->arg.pagefault.address != (uintptr_t)want)
-		snprintf(why, wlen, "fault address %#llx, want %p",
-			 (unsigned long long)m->arg.pagefault.address, want);
-	else if (!pr->blocked)
-		snprintf(why, wlen, "the write completed before it was resolved");
-	else if (pr->resolve_err)
-		snprintf(why, wlen, "unprotect to resolve: %s",
-			 strerror(-pr->resolve_err));
-	else if (!pr->finished)
-		snprintf(why, wlen, "the write did not complete after resolving");
-	else if (pr->extra)
-		snprintf(why, wlen, "a second message after resolving");
-	else
-		return true;
-	return false;
-}
-
 /* Write VAL at the first byte of page IDX of T through a WP fault. */
 static bool fault_page(struct thp *t, int idx, char val, char *res,
 		       size_t res_len, char *why, size_t wlen)
 {
 	char *page = t->p + idx * psz;
-	struct wp_probe pr;
 
-	if (!probe_write(t->uffd, page, val, res, res_len, &pr)) {
-		t->leak = true;
-		snprintf(why, wlen, "writer on page %d never finished", idx);
-		return false;
-	}
 	t->expect[idx * psz] = val;
-	if (!probe_ok(&pr, page, why, wlen)) {
+	if (!wp_write_faults_once(t->uffd, page, val, page, res, res_len,
+				  &t->leak, why, wlen)) {
 		size_t n = strlen(why);
 
 		snprintf(why + n, wlen - n, " (page %d)", idx);
@@ -275,13 +188,12 @@ static void test_protected_huge_faults(void)
 	char why[512] = "";
 	struct thp t;
 	bool ok = false;
-	int err, n;
+	int n;
 
 	if (!thp_new(&t, name, 1))
 		return;
-	err = thp_protect(&t);
-	if (err)
-		FAIL("WP register/protect: %s", strerror(-err));
+	if (!thp_protect(&t, why, sizeof(why)))
+		goto out;
 	if (huge_kb(t.p) != (long)(HPAGE_SIZE >> 10))
 		FAIL("protecting split the THP: AnonHugePages %ld kB",
 		     huge_kb(t.p));
@@ -311,17 +223,14 @@ static void test_unprotect_one_splits(void)
 {
 	const char *name = "thp-unprotect-one-splits";
 	char why[512] = "";
-	struct uffd_msg msg;
-	struct writer w;
 	struct thp t;
 	bool ok = false;
 	int err, bad, first;
 
 	if (!thp_new(&t, name, 2))
 		return;
-	err = thp_protect(&t);
-	if (err)
-		FAIL("WP register/protect: %s", strerror(-err));
+	if (!thp_protect(&t, why, sizeof(why)))
+		goto out;
 	err = uffd_wp(t.uffd, t.p + 7 * psz, psz, 0);
 	if (err)
 		FAIL("unprotect page 7: %s", strerror(-err));
@@ -331,16 +240,10 @@ static void test_unprotect_one_splits(void)
 	bad = wp_mismatches(&t, 7, &first);
 	if (bad)
 		FAIL("%d pages with the wrong WP bit, first page %d", bad, first);
-	if (writer_start(&w, t.p + 7 * psz, 1, 'U'))
-		FAIL("pthread_create failed");
-	if (!writer_wait(&w, MSG_WAIT_MS)) {
-		t.leak = true;
-		FAIL("write to the unprotected page blocked");
-	}
 	t.expect[7 * psz] = 'U';
-	if (uffd_read_msg(t.uffd, &msg, QUIET_MS) == 1)
-		FAIL("write to the unprotected page sent a message (flags %#llx)",
-		     (unsigned long long)msg.arg.pagefault.flags);
+	if (!wp_write_no_fault(t.uffd, t.p + 7 * psz, 'U', &t.leak, why,
+			       sizeof(why)))
+		goto out;
 	ok = data_ok(&t, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
@@ -364,9 +267,8 @@ static void test_split_rest_still_faults(void)
 
 	if (!thp_new(&t, name, 3))
 		return;
-	err = thp_protect(&t);
-	if (err)
-		FAIL("WP register/protect: %s", strerror(-err));
+	if (!thp_protect(&t, why, sizeof(why)))
+		goto out;
 	err = uffd_wp(t.uffd, t.p + 7 * psz, psz, 0);
 	if (err)
 		FAIL("unprotect page 7: %s", strerror(-err));
@@ -418,11 +320,13 @@ static bool pair_setup(struct pair *pr, const char *name, unsigned int seed)
 		tap_skip(name, "%s", why);
 		goto undo;
 	}
-	err = thp_protect(&pr->t);
-	if (!err)
-		err = uffd_wp(pr->t.uffd, pr->t.p + 7 * psz, psz, 0);
+	if (!thp_protect(&pr->t, why, sizeof(why))) {
+		tap_fail(name, "%s", why);
+		goto undo;
+	}
+	err = uffd_wp(pr->t.uffd, pr->t.p + 7 * psz, psz, 0);
 	if (err) {
-		tap_fail(name, "WP register/protect: %s", strerror(-err));
+		tap_fail(name, "unprotect page 7: %s", strerror(-err));
 		goto undo;
 	}
 	if (madvise(pr->twin.p + 7 * psz, psz, MADV_DONTNEED)) {

@@ -31,6 +31,7 @@
 
 #include "tap.h"
 #include "uffd_util.h"
+#include "wp_probe.h"
 
 #define NR_PAGES	8
 #define SCAN_PAGES	64
@@ -45,98 +46,23 @@
 
 static long psz;
 
-struct area {
-	char *p;
-	size_t len;
-	char *expect;
-	int uffd;
-	bool leak;
-};
-
 /*
  * Map LEN bytes of private anonymous memory, fill the first POPULATED
  * pages with a pattern, register them in WP mode with FEATURES and
  * protect everything.  On failure WHY says why.
  */
-static bool area_setup(struct area *a, size_t len, size_t populated,
+static bool area_setup(struct wp_area *a, size_t len, size_t populated,
 		       uint64_t features, char *why, size_t wlen)
 {
-	uint64_t got = 0;
-	int err;
-
-	memset(a, 0, sizeof(*a));
-	a->uffd = -1;
-	a->len = len;
-	a->p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	a->expect = calloc(1, len);
-	if (a->p == MAP_FAILED || !a->expect) {
-		a->p = a->p == MAP_FAILED ? NULL : a->p;
-		snprintf(why, wlen, "out of memory for the test area");
+	if (wp_area_create(a, len, why, wlen))
 		return false;
-	}
 	for (size_t i = 0; i < populated * psz; i++)
 		a->p[i] = a->expect[i] = (char)(i * 7 + i / psz + 1);
-	a->uffd = uffd_open(features, &got);
-	if (a->uffd < 0) {
-		snprintf(why, wlen, "UFFDIO_API features %#llx: %s",
-			 (unsigned long long)features, strerror(-a->uffd));
-		return false;
-	}
-	if ((got & features) != features) {
-		snprintf(why, wlen, "UFFDIO_API features %#llx lack %#llx",
-			 (unsigned long long)got, (unsigned long long)features);
-		return false;
-	}
-	err = uffd_register(a->uffd, a->p, len, UFFDIO_REGISTER_MODE_WP, NULL);
-	if (err) {
-		snprintf(why, wlen, "WP register: %s", strerror(-err));
-		return false;
-	}
-	err = uffd_wp(a->uffd, a->p, len, UFFDIO_WRITEPROTECT_MODE_WP);
-	if (err) {
-		snprintf(why, wlen, "protect: %s", strerror(-err));
-		return false;
-	}
-	return true;
-}
-
-static void area_destroy(struct area *a)
-{
-	if (a->uffd >= 0)
-		close(a->uffd);
-	free(a->expect);
-	if (a->p && !a->leak)
-		munmap(a->p, a->len);
-}
-
-static bool data_ok(struct area *a, char *why, size_t wlen)
-{
-	for (size_t i = 0; i < a->len; i++) {
-		if (a->p[i] != a->expect[i]) {
-			snprintf(why, wlen, "data differs at offset %zu (page %zu)",
-				 i, i / psz);
-			return false;
-		}
-	}
-	return true;
-}
-
-/* Pages of [p, p + len) whose entry has all of SET and none of CLEAR. */
-static size_t pages_matching(char *p, size_t len, uint64_t set, uint64_t clear)
-{
-	size_t n = 0;
-
-	for (size_t off = 0; off < len; off += psz) {
-		uint64_t e = pagemap_entry(p + off);
-
-		n += (e & set) == set && !(e & clear);
-	}
-	return n;
+	return !wp_area_arm(a, features, true, why, wlen);
 }
 
 /* Store VAL at page IDX from a thread; true if the store completed. */
-static bool write_page(struct area *a, int idx, char val, int timeout_ms)
+static bool write_page(struct wp_area *a, int idx, char val, int timeout_ms)
 {
 	struct writer *w = calloc(1, sizeof(*w));
 
@@ -159,63 +85,17 @@ static bool write_page(struct area *a, int idx, char val, int timeout_ms)
 
 /*
  * Write VAL at the start of page IDX expecting exactly one WP write fault
- * there while the writer blocks; resolve it by unprotecting the page.
+ * there (not a MISSING one) while the writer blocks; resolve it by
+ * unprotecting the page.
  */
-static bool fault_page(struct area *a, int idx, char val, char *why,
+static bool fault_page(struct wp_area *a, int idx, char val, char *why,
 		       size_t wlen)
 {
 	char *page = a->p + idx * psz;
-	struct writer *w = calloc(1, sizeof(*w));
-	struct uffd_msg msg, more;
-	bool blocked;
-	int got, err;
 
-	if (!w || writer_start(w, page, 1, val)) {
-		free(w);
-		snprintf(why, wlen, "pthread_create failed");
-		return false;
-	}
 	a->expect[idx * psz] = val;
-	got = uffd_read_msg(a->uffd, &msg, MSG_WAIT_MS);
-	blocked = !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
-	err = uffd_wp(a->uffd, page, psz, 0);
-	if (!writer_wait(w, MSG_WAIT_MS)) {
-		uffd_unregister(a->uffd, a->p, a->len);
-		uffd_wake(a->uffd, a->p, a->len);
-		if (!writer_wait(w, MSG_WAIT_MS)) {
-			a->leak = true;
-			snprintf(why, wlen, "the write to page %d never finished",
-				 idx);
-			return false;
-		}
-		snprintf(why, wlen, "the write to page %d did not complete after "
-			 "resolving (unprotect: %s)", idx, strerror(-err));
-		free(w);
-		return false;
-	}
-	free(w);
-	if (got != 1)
-		snprintf(why, wlen, "no fault message for page %d", idx);
-	else if (msg.event != UFFD_EVENT_PAGEFAULT)
-		snprintf(why, wlen, "message event %u, want PAGEFAULT", msg.event);
-	else if (!(msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP))
-		snprintf(why, wlen, "fault flags %#llx: a MISSING fault, want WP",
-			 (unsigned long long)msg.arg.pagefault.flags);
-	else if (!(msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE))
-		snprintf(why, wlen, "fault flags %#llx lack WRITE",
-			 (unsigned long long)msg.arg.pagefault.flags);
-	else if (msg.arg.pagefault.address != (uintptr_t)page)
-		snprintf(why, wlen, "fault address %#llx, want %p",
-			 (unsigned long long)msg.arg.pagefault.address, page);
-	else if (!blocked)
-		snprintf(why, wlen, "the write completed before it was resolved");
-	else if (err)
-		snprintf(why, wlen, "unprotect: %s", strerror(-err));
-	else if (uffd_read_msg(a->uffd, &more, QUIET_MS) == 1)
-		snprintf(why, wlen, "a second message after resolving");
-	else
-		return true;
-	return false;
+	return wp_write_faults_once(a->uffd, page, val, page, page, psz,
+				    &a->leak, why, wlen);
 }
 
 /*
@@ -227,7 +107,7 @@ static void test_unpopulated_write_wp_fault(void)
 {
 	const char *name = "unpopulated-write-wp-fault";
 	char why[512] = "";
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 	size_t n;
 
@@ -243,10 +123,10 @@ static void test_unpopulated_write_wp_fault(void)
 	if (n != NR_PAGES - 1)
 		FAIL("%zu pages PM_UFFD_WP after resolving one, want %d", n,
 		     NR_PAGES - 1);
-	ok = data_ok(&a, why, sizeof(why));
+	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -258,8 +138,7 @@ static void test_unpopulated_off_no_fault(void)
 {
 	const char *name = "unpopulated-off-no-fault";
 	char why[512] = "";
-	struct uffd_msg msg;
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 	size_t n;
 
@@ -271,15 +150,14 @@ static void test_unpopulated_off_no_fault(void)
 	n = pages_matching(a.p + psz, a.len - psz, PM_UFFD_WP, 0);
 	if (n)
 		FAIL("%zu untouched pages PM_UFFD_WP without WP_UNPOPULATED", n);
-	if (!write_page(&a, 3, 'o', MSG_WAIT_MS))
-		FAIL("the write to an untouched page blocked");
-	if (uffd_read_msg(a.uffd, &msg, QUIET_MS) == 1)
-		FAIL("the write sent a message (flags %#llx)",
-		     (unsigned long long)msg.arg.pagefault.flags);
-	ok = data_ok(&a, why, sizeof(why));
+	a.expect[3 * psz] = 'o';
+	if (!wp_write_no_fault(a.uffd, a.p + 3 * psz, 'o', &a.leak, why,
+			       sizeof(why)))
+		goto out;
+	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -292,7 +170,7 @@ static void test_unpopulated_read_keeps_wp(void)
 	const char *name = "unpopulated-read-keeps-wp";
 	char why[512] = "";
 	struct uffd_msg msg;
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 	uint64_t e;
 
@@ -310,10 +188,10 @@ static void test_unpopulated_read_keeps_wp(void)
 		     (unsigned long long)e);
 	if (!fault_page(&a, 2, 'r', why, sizeof(why)))
 		goto out;
-	ok = data_ok(&a, why, sizeof(why));
+	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -326,7 +204,7 @@ static const int written_b[] = { 1, 5, 6, 7, 8, 32, 50, 62 };
 
 #define NR(x)	((int)(sizeof(x) / sizeof((x)[0])))
 
-static bool write_set(struct area *a, const int *set, int n, char val,
+static bool write_set(struct wp_area *a, const int *set, int n, char val,
 		      char *why, size_t wlen)
 {
 	for (int i = 0; i < n; i++) {
@@ -348,7 +226,7 @@ static bool in_set(const int *set, int n, int idx)
 }
 
 /* Written pages (and only they) are without PM_UFFD_WP. */
-static bool wp_bits_match(struct area *a, const int *set, int n, char *why,
+static bool wp_bits_match(struct wp_area *a, const int *set, int n, char *why,
 			  size_t wlen)
 {
 	for (size_t i = 0; i < a->len / psz; i++) {
@@ -363,7 +241,7 @@ static bool wp_bits_match(struct area *a, const int *set, int n, char *why,
 	return true;
 }
 
-static bool no_message(struct area *a, char *why, size_t wlen)
+static bool no_message(struct wp_area *a, char *why, size_t wlen)
 {
 	struct uffd_msg msg;
 
@@ -387,7 +265,7 @@ static void test_async_writes_no_messages(void)
 {
 	const char *name = "async-writes-no-messages";
 	char why[512] = "";
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 
 	if (!area_setup(&a, SCAN_PAGES * psz, SCAN_PAGES / 2, WP_ASYNC_FEATURES,
@@ -398,10 +276,10 @@ static void test_async_writes_no_messages(void)
 	ok = write_set(&a, written_a, NR(written_a), 'a', why, sizeof(why)) &&
 	     no_message(&a, why, sizeof(why)) &&
 	     wp_bits_match(&a, written_a, NR(written_a), why, sizeof(why)) &&
-	     data_ok(&a, why, sizeof(why));
+	     wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -409,7 +287,7 @@ out:
  * again; RETURN_MASK picks the categories reported.  Returns the number of
  * regions or -errno.
  */
-static long scan_written(struct area *a, struct page_region *vec, size_t n,
+static long scan_written(struct wp_area *a, struct page_region *vec, size_t n,
 			 uint64_t return_mask, uint64_t *walk_end)
 {
 	struct pm_scan_arg arg = {
@@ -439,7 +317,7 @@ static long scan_written(struct area *a, struct page_region *vec, size_t n,
  * Compare the regions of a scan with the ranges of the sorted page set
  * SET, each expected with CATEGORIES.
  */
-static bool regions_match(struct area *a, const struct page_region *vec,
+static bool regions_match(struct wp_area *a, const struct page_region *vec,
 			  long got, const int *set, int n, uint64_t categories,
 			  char *why, size_t wlen)
 {
@@ -478,7 +356,7 @@ static bool regions_match(struct area *a, const struct page_region *vec,
 }
 
 /* One scan that must report exactly SET and leave every page protected. */
-static bool scan_expect(struct area *a, const int *set, int n,
+static bool scan_expect(struct wp_area *a, const int *set, int n,
 			uint64_t return_mask, uint64_t categories, char *why,
 			size_t wlen)
 {
@@ -518,7 +396,7 @@ static void test_async_scan_exact_written(void)
 {
 	const char *name = "async-scan-exact-written";
 	char why[512] = "";
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 
 	if (!area_setup(&a, SCAN_PAGES * psz, SCAN_PAGES / 2, WP_ASYNC_FEATURES,
@@ -528,10 +406,10 @@ static void test_async_scan_exact_written(void)
 	     scan_expect(&a, written_a, NR(written_a), PAGE_IS_WRITTEN,
 			 PAGE_IS_WRITTEN, why, sizeof(why)) &&
 	     no_message(&a, why, sizeof(why)) &&
-	     data_ok(&a, why, sizeof(why));
+	     wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 /*
@@ -545,7 +423,7 @@ static void test_async_scan_rescan(void)
 	const uint64_t mask = PAGE_IS_WRITTEN | PAGE_IS_PRESENT;
 	const char *name = "async-scan-rescan";
 	char why[512] = "";
-	struct area a;
+	struct wp_area a;
 	bool ok = false;
 
 	if (!area_setup(&a, SCAN_PAGES * psz, SCAN_PAGES / 2, WP_ASYNC_FEATURES,
@@ -559,10 +437,10 @@ static void test_async_scan_rescan(void)
 	     scan_expect(&a, written_b, NR(written_b), mask, mask, why,
 			 sizeof(why)) &&
 	     no_message(&a, why, sizeof(why)) &&
-	     data_ok(&a, why, sizeof(why));
+	     wp_area_data_ok(&a, why, sizeof(why));
 out:
 	tap_check(ok, name, "%s", why);
-	area_destroy(&a);
+	wp_area_destroy(&a);
 }
 
 int main(void)

@@ -18,6 +18,10 @@
 
 #include "uffd_util.h"
 
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+
 long page_size(void)
 {
 	static long psz;
@@ -171,12 +175,53 @@ bool page_wp(void *addr)
 
 size_t pages_with(void *addr, size_t len, uint64_t mask)
 {
+	return pages_matching(addr, len, mask, 0);
+}
+
+size_t pages_matching(void *addr, size_t len, uint64_t set, uint64_t clear)
+{
 	size_t n = 0;
 
-	for (size_t off = 0; off < len; off += page_size())
-		if ((pagemap_entry((char *)addr + off) & mask) == mask)
-			n++;
+	for (size_t off = 0; off < len; off += page_size()) {
+		uint64_t e = pagemap_entry((char *)addr + off);
+
+		n += (e & set) == set && !(e & clear);
+	}
 	return n;
+}
+
+/* A swap pagemap entry holds the swap type in bits 0-4, the offset above. */
+#define PM_SWAP_TYPE(e)		((e) & 0x1f)
+#define PM_SWAP_OFFSET(e)	(((e) & ((1ULL << 55) - 1)) >> 5)
+
+bool pm_swapped(uint64_t e)
+{
+	return (e & PM_SWAP) && !(e & PM_PRESENT) && PM_SWAP_TYPE(e) == 0 &&
+	       PM_SWAP_OFFSET(e) != 0;
+}
+
+size_t pages_swapped(void *addr, size_t len, uint64_t mask)
+{
+	size_t n = 0;
+
+	for (size_t off = 0; off < len; off += page_size()) {
+		uint64_t e = pagemap_entry((char *)addr + off);
+
+		n += pm_swapped(e) && (e & mask) == mask;
+	}
+	return n;
+}
+
+int page_out(void *addr, size_t len, uint64_t mask)
+{
+	for (int tries = 0; tries < 20; tries++) {
+		if (madvise(addr, len, MADV_PAGEOUT))
+			return -errno;
+		if (pages_swapped(addr, len, mask) == len / page_size())
+			return 0;
+		usleep(10000);
+	}
+	return -EAGAIN;
 }
 
 long smaps_field_kb(void *addr, const char *field)
@@ -254,6 +299,16 @@ bool writer_wait(struct writer *w, int timeout_ms)
 		pthread_join(w->thread, NULL);
 		w->done = 2;
 	}
+	return true;
+}
+
+bool writer_joined(struct writer *w, int timeout_ms)
+{
+	if (!w->addr)
+		return true;
+	if (!writer_wait(w, timeout_ms))
+		return false;
+	w->addr = NULL;
 	return true;
 }
 

@@ -44,6 +44,20 @@ uint64_t pagemap_entry(void *addr);
 bool page_wp(void *addr);
 /* Pages in [addr, addr + len) whose pagemap entry has every bit of MASK. */
 size_t pages_with(void *addr, size_t len, uint64_t mask);
+/* Pages in [addr, addr + len) whose pagemap entry has every bit of SET and
+ * none of CLEAR. */
+size_t pages_matching(void *addr, size_t len, uint64_t set, uint64_t clear);
+/* True if pagemap entry E is a swap entry of a real slot on swap device 0
+ * (the guest's zram): not present, type 0 and a non-zero offset, so not a
+ * pte marker. */
+bool pm_swapped(uint64_t e);
+/* Pages in [addr, addr + len) that are pm_swapped() with every bit of MASK. */
+size_t pages_swapped(void *addr, size_t len, uint64_t mask);
+/* MADV_PAGEOUT [addr, addr + len) until every page is pages_swapped() with
+ * MASK, up to 20 tries 10 ms apart.  Returns 0, -errno if madvise() fails,
+ * or -EAGAIN if some pages never reached swap.  Pages faulted in on another
+ * CPU can sit in its LRU batch: call pin_to_cpu0() first. */
+int page_out(void *addr, size_t len, uint64_t mask);
 /* AnonHugePages (kB) of the mapping that contains ADDR, or -1. */
 long smaps_field_kb(void *addr, const char *field);
 
@@ -61,6 +75,11 @@ struct writer {
 int writer_start(struct writer *w, void *addr, size_t len, char val);
 /* Wait up to TIMEOUT_MS for the writer to finish; true if it did. */
 bool writer_wait(struct writer *w, int timeout_ms);
+/* writer_wait() for a writer that may never have been started: a zeroed
+ * W, or one already joined here, has addr NULL and counts as finished.
+ * A joined writer's addr is set to NULL, so W->addr tells whether a writer
+ * is still to be waited for (and released) on a failure path. */
+bool writer_joined(struct writer *w, int timeout_ms);
 
 /* A thread that resolves every WP fault on UFFD by unprotecting the page
  * (mode 0, waking the writer) and counts what it saw. */
