@@ -18,19 +18,10 @@ fail=0
 for lane in "$@"; do
 	load_lane "$lane"
 	tree=$("$TOP/scripts/tree.sh" "$TOP/$SERIES")
-	base_repo=$(git -C "$tree" rev-parse --path-format=absolute --git-common-dir)
-	base_repo=${base_repo%/.git}
 	mapfile -t commits < <(git -C "$tree" rev-list --reverse base..HEAD)
 	slot=$CACHE/slot/$lane-each
 	exec 9>"$CACHE/slot/.lock-$lane-each"
 	flock 9
-	if [ ! -e "$slot/src/.git" ]; then
-		rm -rf "$slot"
-		mkdir -p "$slot"
-		git -C "$base_repo" worktree prune
-		git -C "$base_repo" worktree add -q --detach "$slot/src" "${commits[0]}"
-	fi
-	mkdir -p "$slot/obj"
 	kmake=(make -C "$slot/src" O="$slot/obj" ARCH="$KARCH" CROSS_COMPILE="$CROSS_COMPILE"
 	       CC="ccache ${CROSS_COMPILE}gcc" HOSTCC="ccache gcc" -s)
 	frags=()
@@ -40,7 +31,7 @@ for lane in "$@"; do
 		n=$((n + 1))
 		subject=$(git -C "$tree" log -1 --format=%s "$c" | tr -c 'A-Za-z0-9.:_+-' '-' | cut -c1-60)
 		name=build-each/$lane/$(printf %02d "$n")-$subject
-		git -C "$slot/src" checkout -q -f --detach "$c"
+		slot_checkout "$slot" "$tree" "$c"
 		log=$slot/patch-$(printf %02d "$n").log
 		start=$(date +%s)
 		# Options a later patch adds are simply not there yet: no check

@@ -52,22 +52,9 @@ if [ -f "$obj/.uffdwp-built" ]; then
 fi
 
 rm -rf "$obj"
-# The slot's source: a worktree of the base repository (the keyed trees are
-# worktrees of it too, so their commits are at hand), moved to this tree's
-# commit.  Only files that differ are rewritten, so make rebuilds only them.
-base_repo=$(git -C "$tree" rev-parse --path-format=absolute --git-common-dir)
-base_repo=${base_repo%/.git}
-commit=$(git -C "$tree" rev-parse HEAD)
-if [ ! -e "$slot/src/.git" ]; then
-	rm -rf "$slot"
-	mkdir -p "$slot"
-	git -C "$base_repo" worktree prune
-	git -C "$base_repo" worktree add -q --detach "$slot/src" "$commit"
-else
-	git -C "$slot/src" checkout -q -f --detach "$commit"
-	git -C "$slot/src" clean -q -fdx
-fi
-mkdir -p "$slot/obj" "$obj"
+# The slot's source, moved to this tree's commit.
+slot_checkout "$slot" "$tree" "$(git -C "$tree" rev-parse HEAD)"
+mkdir -p "$obj"
 # A build that failed or was interrupted may leave the slot half made; make
 # copes with that, but not with a stale image passing for a new one.
 rm -f "$slot/obj/$KERNEL_IMAGE" "$slot/obj/.uffdwp-built"

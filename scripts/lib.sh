@@ -70,3 +70,23 @@ load_lane() {
 	CROSS_COMPILE=${CROSS_COMPILE:-}
 	GUEST_CC=${GUEST_CC:-${CROSS_COMPILE}gcc}
 }
+
+# slot_checkout SLOT TREE COMMIT: make SLOT/src a worktree of TREE's base
+# repository at COMMIT (the keyed trees are worktrees of it too, so their
+# commits are at hand), creating it on first use.  Moving an existing slot
+# rewrites only the files that differ, so make recompiles only those.
+slot_checkout() {
+	local slot=$1 tree=$2 commit=$3 base_repo
+	base_repo=$(git -C "$tree" rev-parse --path-format=absolute --git-common-dir)
+	base_repo=${base_repo%/.git}
+	if [ ! -e "$slot/src/.git" ]; then
+		rm -rf "$slot"
+		mkdir -p "$slot"
+		git -C "$base_repo" worktree prune
+		git -C "$base_repo" worktree add -q --detach "$slot/src" "$commit"
+	else
+		git -C "$slot/src" checkout -q -f --detach "$commit"
+		git -C "$slot/src" clean -q -fdx
+	fi
+	mkdir -p "$slot/obj"
+}
