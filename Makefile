@@ -6,13 +6,26 @@ LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check demo bench soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
+.PHONY: all check check-repeat check-fresh demo bench soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
 
 all: check
 
 ## check: install what is missing, check the series, build/boot/test LANES
 check:
 	@scripts/check.sh $(LANES)
+
+## check-repeat: run LANES' check plans N times (default 5) in fresh boots and
+##       report per test how many runs failed (build/results/repeat/)
+N ?= 5
+check-repeat:
+	@scripts/check-repeat.sh $(N) $(LANES)
+
+## check-fresh: `make demo` (or T=target) on a new minimal Debian 12 root
+##       built with mmdebstrap, with an empty cache; slow, run it when the
+##       dependencies change (result in build/fresh/result.txt)
+T_FRESH ?= demo
+check-fresh:
+	@scripts/check-fresh.sh $(T_FRESH)
 
 ## demo: boot the patched kernel and run `uffdwp demo` (a live snapshot of a
 ##       busy arena without fork, verified record by record)

@@ -23,7 +23,7 @@ TEST_SRCS := $(wildcard tests/*.c)
 TEST_LIB  := $(filter tests/tap.c tests/uffd_util.c tests/uffd_ring.c \
 		      tests/wp_probe.c,$(TEST_SRCS))
 SUITES    := $(filter-out $(TEST_LIB),$(TEST_SRCS))
-OURS := $(OUT)/init $(OUT)/bin/catch-writes \
+OURS := $(OUT)/init $(OUT)/bin/catch-writes $(OUT)/bin/sysfs-set \
 	$(patsubst tests/%.c,$(OUT)/bin/%,$(SUITES))
 
 # Benchmarks (bench/NAME.c -> bin/bench-NAME, sharing bench/bench_util.c),
@@ -39,12 +39,16 @@ ST   := $(KSRC)/tools/testing/selftests/mm
 ST_CFLAGS := -O2 -Wall -U_FORTIFY_SOURCE -static -pthread -I $(KSRC) \
 	     -isystem $(UAPI)/include -isystem $(KSRC)/tools/include/uapi \
 	     -Wno-maybe-uninitialized -fmacro-prefix-map=$(ST)/=
-ST_PROGS := uffd-unit-tests uffd-stress pagemap_ioctl
+ST_PROGS := uffd-unit-tests uffd-stress pagemap_ioctl ksm_functional_tests
 SELFTESTS := $(if $(KSRC),$(patsubst %,$(OUT)/bin/%,$(ST_PROGS)))
 
 all: $(OURS) $(SELFTESTS)
 
 $(OUT)/init: guest/init.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_OURS) -o $@ $<
+
+$(OUT)/bin/sysfs-set: guest/sysfs-set.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $<
 
@@ -80,7 +84,7 @@ $(OUT)/bin/uffd-unit-tests $(OUT)/bin/uffd-stress: $(OUT)/bin/%: $(ST)/%.c $(ST)
 	@mkdir -p $(dir $@)
 	$(CC) $(ST_CFLAGS) -o $@ $^ $(ST)/vm_util.c $(ST)/thp_settings.c -lrt -lm
 
-$(OUT)/bin/pagemap_ioctl: $(ST)/pagemap_ioctl.c
+$(OUT)/bin/pagemap_ioctl $(OUT)/bin/ksm_functional_tests: $(OUT)/bin/%: $(ST)/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ST_CFLAGS) -o $@ $^ $(ST)/vm_util.c $(ST)/thp_settings.c -lrt -lm
 

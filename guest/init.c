@@ -16,6 +16,9 @@
  * kernel messages interleaved on the same console are easy to tell apart.
  *
  * A plan line is: NAME KIND TIMEOUT_S ARGV...  ('#' starts a comment).
+ * ARGV may start with cd=DIR: the program then runs in DIR instead of /tmp
+ * (kselftests that exec themselves by a relative path expect their own
+ * directory, as the kselftest runner gives them).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -190,6 +193,14 @@ static void run_entry(const char *name, const char *kind, int timeout_s,
 		dup2(null, 0);
 		dup2(pfd[1], 1);
 		dup2(pfd[1], 2);
+		if (!strncmp(argv[0], "cd=", 3)) {
+			if (chdir(argv[0] + 3)) {
+				fprintf(stderr, "chdir %s: %s\n", argv[0] + 3,
+					strerror(errno));
+				_exit(127);
+			}
+			argv++;
+		}
 		execv(argv[0], argv);
 		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
 		_exit(127);

@@ -64,9 +64,9 @@ struct pm_scan_arg {
 
 /* Write-log ring (docs: shared ring-uapi.md; being added to the kernel). */
 #ifndef UFFD_FEATURE_WP_RING
-#define UFFD_FEATURE_WP_RING	(1 << 17)
-#define _UFFDIO_RING_SETUP	(0x09)
-#define _UFFDIO_RING_RESET	(0x0A)
+#define UFFD_FEATURE_WP_RING	(1 << 30)
+#define _UFFDIO_RING_SETUP	(0x30)
+#define _UFFDIO_RING_RESET	(0x31)
 struct uffdio_ring_setup {
 	__u64 entries;
 	__u64 flags;
@@ -74,6 +74,7 @@ struct uffdio_ring_setup {
 };
 struct uffd_ring_header {
 	__u64 producer;
+	__u64 __reserved[7];
 	__u64 consumer;
 	__u64 entries;
 	__u64 flags;

@@ -8,6 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 load_lane "$1"
 obj=$2 initrd=$3 log=$4 tmo=$5 verbose=${6:-0}
+need_cmd "$QEMU" "$QEMU_PKG"
 mem=${GUEST_MEM_MB:-2048}
 half=$((mem / 2))
 hugepages=${GUEST_HUGEPAGES:-160}

@@ -59,31 +59,17 @@ mkdir -p "$obj"
 # copes with that, but not with a stale image passing for a new one.
 rm -f "$slot/obj/$KERNEL_IMAGE" "$slot/obj/.uffdwp-built"
 step "kernel $LANE: configuring ($BASE_CONFIG + $FRAGMENTS)"
-"${kmake[@]}" "$BASE_CONFIG" >"$obj/config.log" 2>&1
-KCONFIG_CONFIG="$slot/obj/.config" "$slot/src/scripts/kconfig/merge_config.sh" -m -O "$slot/obj" \
-	"$slot/obj/.config" "${frags[@]}" >>"$obj/config.log" 2>&1
-"${kmake[@]}" olddefconfig >>"$obj/config.log" 2>&1
+: >"$obj/config.log"
+logged "$obj/config.log" "kernel $LANE: make $BASE_CONFIG" "${kmake[@]}" "$BASE_CONFIG"
+logged "$obj/config.log" "kernel $LANE: merging the fragments ($FRAGMENTS)" \
+	env KCONFIG_CONFIG="$slot/obj/.config" "$slot/src/scripts/kconfig/merge_config.sh" -m -O "$slot/obj" \
+	"$slot/obj/.config" "${frags[@]}"
+logged "$obj/config.log" "kernel $LANE: make olddefconfig" "${kmake[@]}" olddefconfig
 
 # Every option a fragment asks for must survive olddefconfig; a silently
 # dropped option (unmet dependency) would make a lane test less than it says.
-bad=0
-while IFS= read -r line; do
-	case "$line" in
-	CONFIG_*=*) want=$line ;;
-	"# CONFIG_"*" is not set") want=$line ;;
-	*) continue ;;
-	esac
-	opt=${want#\# }; opt=${opt%%[= ]*}
-	# A lane built to show what is missing (e.g. riscv64-base) names the
-	# options it expects Kconfig to refuse.
-	[[ " ${ALLOW_MISSING:-} " == *" $opt "* ]] && continue
-	if [[ $want == *"is not set" ]]; then
-		grep -q "^$opt=" "$slot/obj/.config" && { echo "  $opt: wanted off, got $(grep "^$opt=" "$slot/obj/.config")" >&2; bad=1; }
-	else
-		grep -qx "$want" "$slot/obj/.config" || { echo "  $opt: wanted ${want#*=}, got $(grep -E "^$opt=|^# $opt is" "$slot/obj/.config" || echo unset)" >&2; bad=1; }
-	fi
-done < <(cat "${frags[@]}")
-[ $bad -eq 0 ] || die "lane $LANE: config fragment options were not applied (see above)"
+check_fragments "$slot/obj/.config" "${frags[@]}" ||
+	die "lane $LANE: config fragment options were not applied (see above; $obj/config.log)"
 
 step "kernel $LANE: building in $slot for $obj"
 log=$obj/build.log
@@ -98,13 +84,14 @@ while kill -0 $pid 2>/dev/null; do
 	step "kernel $LANE: building, $n objects (re)compiled so far, $(($(date +%s) - start))s"
 done
 if ! wait $pid; then
-	tail -40 "$log" >&2
+	printf 'error: kernel %s: build failed; last lines of %s:\n' "$LANE" "$log" >&2
+	tail -n 40 "$log" | sed 's/^/  | /' >&2
 	die "kernel $LANE: build failed (full log: $log)"
 fi
 n=$(find "$slot/obj" -name '*.o' -newer "$obj/.build-start" 2>/dev/null | wc -l)
 rm -f "$obj/.build-start"
 [ -f "$slot/obj/$KERNEL_IMAGE" ] || die "kernel $LANE: no $KERNEL_IMAGE after the build"
-"${kmake[@]}" headers_install INSTALL_HDR_PATH="$obj/uapi" >>"$log" 2>&1
+logged "$log" "kernel $LANE: make headers_install" "${kmake[@]}" headers_install INSTALL_HDR_PATH="$obj/uapi"
 # What the rest of the pipeline reads: the image, the uAPI headers, the
 # config and symbols, and `source` naming the keyed tree (selftests are
 # built from it).

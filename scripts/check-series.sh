@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # check-series.sh TAP_OUT: the series applies in order to the Debian tree, and
-# scripts/checkpatch.pl --strict from that tree finds no error in any patch.
+# scripts/checkpatch.pl --strict (signoff checked) from that tree finds no
+# error in any patch.
 . "$(dirname "$0")/lib.sh"
 out=$1
 series=$TOP/kernel/series
@@ -14,7 +15,7 @@ fi
 while read -r p; do
 	[ -n "$p" ] || continue
 	name=$(basename "$p" .patch)
-	report=$(cd "$tree" && perl scripts/checkpatch.pl --strict --no-signoff --terse "$p" 2>&1 || true)
+	report=$(cd "$tree" && perl scripts/checkpatch.pl --strict --terse "$p" 2>&1 || true)
 	errors=$(grep -c ': ERROR:' <<<"$report" || true)
 	if [ "$errors" -eq 0 ]; then
 		results+=("ok series/checkpatch-$name # $(grep -c ': \(WARNING\|CHECK\):' <<<"$report" || true) warning(s)/check(s)")

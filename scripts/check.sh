@@ -3,17 +3,19 @@
 # checks the series, then builds, boots and tests each lane in turn (a lane
 # that fails does not stop the others) and ends with the line
 #   N passed, N failed, N skipped
-# counted over build/results/series.tap and each lane's TAP.
+# counted over build/results/{pipeline,series}.tap and each lane's TAP.
 . "$(dirname "$0")/lib.sh"
 [ $# -gt 0 ] || set -- x86_64 riscv64 x86_64-debug
 results=$BUILD/results
 mkdir -p "$results"
 
 "$TOP/scripts/deps.sh"
+step "pipeline: failing steps speak"
+"$TOP/scripts/test-pipeline.sh" "$results/pipeline.tap" || true
 step "series: apply and checkpatch"
 rm -f "$results/series.tap"
 "$TOP/scripts/check-series.sh" "$results/series.tap" || true
-taps=("$results/series.tap")
+taps=("$results/pipeline.tap" "$results/series.tap")
 for lane in "$@"; do
 	load_lane "$lane" >/dev/null
 	rm -f "$results/$lane.tap" "$results/$lane.console"
@@ -24,5 +26,5 @@ for lane in "$@"; do
 	fi
 	taps+=("$results/$lane.tap")
 done
-awk '/^ok .*# SKIP/ { s++; next } /^ok / { p++ } /^not ok/ { f++ }
-	END { printf "%d passed, %d failed, %d skipped\n", p, f, s; exit f > 0 }' "${taps[@]}"
+grep -h '^not ok' "${taps[@]}" | sed 's/^/  /' >&2 || true
+tap_totals "${taps[@]}"

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """collect.py: turn a guest's serial console into the lane's TAP results.
 
-    collect.py LANE CONSOLE PLAN TAP_OUT
+    collect.py LANE CONSOLE PLAN TAP_OUT [EXPECTED_SKIPS]
+    collect.py --splats CONSOLE
+
+The second form prints the kernel report lines of a console (the one
+definition every script uses: make check, make run, make soak) and exits 1
+if there are any.
 
 The guest's PID 1 (guest/init.c) frames every plan entry with @@BEGIN/@@END
 and prefixes each line the entry printed with "@@O ".  Each plan entry has a
@@ -31,6 +36,12 @@ task, soft lockup or RCU stall in the log).  An entry that never reported
 On stderr it prints one line per lane: the fuzzer's operations (from its
 "# fuzz: ops=N" line), the race/ cases run and failed, and the number of
 kernel report lines in the console.
+
+EXPECTED_SKIPS (lanes/NAME.skips) lists the skips the lane expects, one
+"TEST # reason" a line.  Any other skip fails ("unexpected skip"): a
+feature probe that regresses must not turn cases into quiet skips.  An
+expected skip that passed, or did not run at all, is named on stderr and
+in a TAP comment, so the list is kept current.
 
 Exit status: 0 when nothing failed, 1 otherwise.
 """
@@ -231,8 +242,44 @@ JUDGES = {"exit": judge_exit, "tap": judge_tap, "ksft": judge_ksft,
           "uffd-unit": judge_uffd_unit}
 
 
+def read_skips(path):
+    """The expected skips: {test name: reason} from a .skips file."""
+    skips = {}
+    with open(path) as f:
+        for line in f:
+            name, _, reason = line.partition("#")
+            if name.strip():
+                skips[name.strip()] = reason.strip()
+    return skips
+
+
+def enforce_skips(results, expected):
+    """Fail unexpected skips; return notes on expected ones that did not skip."""
+    notes, seen = [], set()
+    for i, (ok, name, note) in enumerate(results):
+        if name in expected:
+            seen.add(name)
+            if ok is True:
+                notes.append("expected skip now passes: %s (drop it from the list)" % name)
+        elif ok == "skip":
+            results[i] = (False, name, "unexpected skip: %s" % note)
+    notes += ["expected skip did not run: %s" % n for n in sorted(set(expected) - seen)]
+    return notes
+
+
+def splat_lines(console):
+    """Kernel report lines of a console (SPLATS), test output excluded."""
+    return [l for l in parse_console(console)[1] if SPLATS.search(l)]
+
+
 def main():
+    if sys.argv[1:2] == ["--splats"]:
+        splats = splat_lines(sys.argv[2])
+        for l in splats:
+            print(l.strip())
+        return 1 if splats else 0
     lane, console, plan, out = sys.argv[1:5]
+    skips_file = sys.argv[5] if len(sys.argv) > 5 else None
     entries, kernel, warns, booted, done = parse_console(console)
     results = [(bool(booted), "kernel/boot",
                 booted.strip() if booted else "PID 1 never reported (see the console)")]
@@ -255,12 +302,13 @@ def main():
             results.append((False, name, describe(e) + "; last line: " + last_line(e)))
             continue
         results.extend(judge(e))
-    splats = [l for l in kernel if SPLATS.search(l)]
+    splats = splat_lines(console)
     results.append((not splats, "kernel/console-clean",
                     "%d report line(s), first: %s" % (len(splats), splats[0].strip()[:200])
                     if splats else None))
     if booted and not done and all(e.status for e in entries):
         results.append((False, "guest/done", "PID 1 did not finish the plan"))
+    skip_notes = enforce_skips(results, read_skips(skips_file) if skips_file else {})
 
     with open(out, "w") as f:
         f.write("TAP version 13\n1..%d\n" % len(results))
@@ -274,6 +322,10 @@ def main():
                 f.write("ok %d %s%s\n" % (i, name, " # " + note if note else ""))
             else:
                 f.write("not ok %d %s # %s\n" % (i, name, note))
+        for n in skip_notes:
+            f.write("# %s\n" % n)
+    for n in skip_notes:
+        print("lane %s: %s" % (lane, n), file=sys.stderr)
     # One line per lane for the reliability work: how much the fuzzer and
     # the race tests ran, and how many kernel reports the console holds.
     ops = sum(int(m.group(1)) for e in entries for l in e.out

@@ -2,9 +2,18 @@
 # Install the Debian packages the pipeline needs, skipping what is present.
 . "$(dirname "$0")/lib.sh"
 
+# Every program the pipeline or the kernel build calls, named by the package
+# that brings it: a new Debian 12 machine has only its base image.
+#   kernel build: gcc make flex bison bc libelf-dev libssl-dev rsync
+#                 (headers_install) kmod (depmod) xz-utils zstd cpio
+#   pipeline:     git perl (checkpatch) python3 ccache file (lane.sh run)
+#                 util-linux (flock) coreutils findutils
+#   guests:       qemu-system-x86, qemu-system-misc (riscv64), the riscv64
+#                 cross compiler and its libc
 pkgs=(linux-source-6.12 qemu-system-x86 qemu-system-misc
-      gcc make flex bison bc libelf-dev libssl-dev cpio xz-utils ccache
-      python3 git perl gcc-riscv64-linux-gnu libc6-dev-riscv64-cross)
+      gcc make flex bison bc libelf-dev libssl-dev rsync kmod cpio xz-utils zstd
+      ccache python3 git perl file util-linux findutils
+      gcc-riscv64-linux-gnu libc6-dev-riscv64-cross)
 [ -z "${EXTRA_PKGS:-}" ] || read -r -a extra <<<"$EXTRA_PKGS"
 missing=()
 for p in "${pkgs[@]}" ${extra[@]+"${extra[@]}"}; do

@@ -4,6 +4,7 @@
 . "$(dirname "$0")/lib.sh"
 guest=$1 plan=$2 out=$3
 shift 3
+need_cmd cpio cpio
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,dev,proc,sys,tmp,mnt/huge}

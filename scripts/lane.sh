@@ -44,10 +44,11 @@ check)
 	[ "$tmo" -le "${MAX_GUEST_S:-2400}" ] || tmo=${MAX_GUEST_S:-2400}
 	"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" "$tmo"
 	rc=0
-	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/$lane.tap" || rc=$?
-	awk -v lane="$lane" '/^ok .*# SKIP/ { s++; next } /^ok / { p++ } /^not ok/ { f++; print "  " $0 }
-		END { printf "lane %s: %d passed, %d failed, %d skipped\n", lane, p, f, s }' \
-		"$results/$lane.tap" >&2
+	skips=$TOP/lanes/$SKIPS.skips
+	[ -f "$skips" ] || skips=
+	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/$lane.tap" $skips || rc=$?
+	grep '^not ok' "$results/$lane.tap" | sed 's/^/  /' >&2 || true
+	echo "lane $lane: $(tap_totals "$results/$lane.tap" || true)" >&2
 	exit $rc
 	;;
 run | demo)
@@ -75,8 +76,9 @@ run | demo)
 	"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" \
 		"$((${RUN_TIMEOUT_S:-600} + ${BOOT_MARGIN_S:-120}))" 1
 	end=$(grep -a "^@@END run/$name " "$console" | tail -1 || true)
-	if grep -aqE 'BUG:|WARNING:|Oops|Kernel panic|KASAN:' "$console"; then
-		step "warning: kernel reports in the console ($console)"
+	if ! "$TOP/scripts/collect.py" --splats "$console" >"$tmp/splats"; then
+		step "warning: kernel reports in the console ($console):"
+		head -n 5 "$tmp/splats" | sed 's/^/  /' >&2
 	fi
 	case $end in
 	*" exit="*) code=${end#* exit=}; code=${code%% *}

@@ -19,6 +19,70 @@ die() {
 	exit 1
 }
 
+# A command that fails under `set -e` says which script, line and command
+# failed, so no step ends in a bare "Error 2" from make.  die() exits on its
+# own and is not reported twice.
+on_err() {
+	local rc=$1 line=$2 cmd=$3
+	printf 'error: %s:%s: `%s` failed (exit %s)\n' \
+		"${0#"$TOP"/}" "$line" "$cmd" "$rc" >&2
+}
+set -o errtrace
+trap 'on_err $? $LINENO "$BASH_COMMAND"' ERR
+
+# logged LOG WHAT CMD...: run CMD with its output appended to LOG; when it
+# fails, print WHAT failed, the last lines of LOG and LOG's path, and exit.
+logged() {
+	local log=$1 what=$2 rc=0
+	shift 2
+	"$@" >>"$log" 2>&1 || rc=$?
+	[ $rc -eq 0 ] && return 0
+	printf 'error: %s failed (exit %s); last lines of %s:\n' "$what" "$rc" "$log" >&2
+	tail -n "${LOG_TAIL:-30}" "$log" | sed 's/^/  | /' >&2
+	printf 'error: %s failed; full log: %s\n' "$what" "$log" >&2
+	exit 1
+}
+
+# need_cmd CMD PACKAGE: die naming CMD and the Debian package that brings it
+# when CMD is not on PATH.
+need_cmd() {
+	command -v "$1" >/dev/null 2>&1 ||
+		die "$1 not found on PATH (Debian package $2; scripts/deps.sh installs it)"
+}
+
+# check_fragments CONFIG FRAGMENT...: every option a fragment sets (or
+# unsets) has that value in CONFIG; print each one that does not and return
+# 1.  Options named in ALLOW_MISSING are not checked (a lane built to show
+# what Kconfig refuses, e.g. riscv64-base).
+check_fragments() {
+	local config=$1 line want opt bad=0
+	shift
+	while IFS= read -r line; do
+		case "$line" in
+		CONFIG_*=*) want=$line ;;
+		"# CONFIG_"*" is not set") want=$line ;;
+		*) continue ;;
+		esac
+		opt=${want#\# }; opt=${opt%%[= ]*}
+		[[ " ${ALLOW_MISSING:-} " == *" $opt "* ]] && continue
+		if [[ $want == *"is not set" ]]; then
+			grep -q "^$opt=" "$config" &&
+				{ echo "  $opt: wanted off, got $(grep "^$opt=" "$config")" >&2; bad=1; }
+		else
+			grep -qx "$want" "$config" ||
+				{ echo "  $opt: wanted ${want#*=}, got $(grep -E "^$opt=|^# $opt is" "$config" || echo unset)" >&2; bad=1; }
+		fi
+	done < <(cat "$@")
+	return $bad
+}
+
+# tap_totals TAP...: the line "N passed, N failed, N skipped" over the
+# files (an "ok ... # SKIP" is a skip); status 1 when something failed.
+tap_totals() {
+	awk '/^ok .*# SKIP/ { s++; next } /^ok / { p++ } /^not ok/ { f++ }
+		END { printf "%d passed, %d failed, %d skipped\n", p, f, s; exit f > 0 }' "$@"
+}
+
 # Short content hash of stdin.
 key_of() {
 	sha256sum | cut -c1-12
@@ -63,10 +127,13 @@ load_lane() {
 	LANE=$1
 	local conf=$TOP/lanes/$LANE.conf
 	[ -f "$conf" ] || die "no lane '$LANE' (known: $(cd "$TOP/lanes" && ls ./*.conf | sed 's|./||; s|\.conf$||' | tr '\n' ' '))"
+	SKIPS=
 	# shellcheck source=/dev/null
 	. "$conf"
+	# lanes/$SKIPS.skips: the skips the lane expects (collect.py).
+	SKIPS=${SKIPS:-$LANE}
 	: "${ARCH:?lane must set ARCH}" "${KARCH:?}" "${BASE_CONFIG:?}" "${FRAGMENTS:?}"
-	: "${QEMU:?}" "${KERNEL_IMAGE:?}" "${SERIES:=kernel/series}"
+	: "${QEMU:?}" "${KERNEL_IMAGE:?}" "${SERIES:=kernel/series}" "${QEMU_PKG:=$QEMU}"
 	CROSS_COMPILE=${CROSS_COMPILE:-}
 	GUEST_CC=${GUEST_CC:-${CROSS_COMPILE}gcc}
 }

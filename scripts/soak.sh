@@ -16,8 +16,9 @@ rc=0
 RUN_TIMEOUT_S=$((secs + 120)) "$TOP/scripts/lane.sh" run "$lane" "$guest/bin/fuzz-uffd" \
 	--seed "$seed" --seconds "$secs" || rc=$?
 console=$BUILD/results/$lane-run-fuzz-uffd.console
-if grep -aqE 'BUG:|WARNING:|Oops|Kernel panic|KASAN:|UBSAN:|unreferenced object|possible circular locking|inconsistent lock state|blocked for more than' "$console"; then
-	step "soak $lane: kernel reports in $console"
+if ! "$TOP/scripts/collect.py" --splats "$console" >"$console.splats"; then
+	step "soak $lane: kernel reports in $console:"
+	head -n 5 "$console.splats" | sed 's/^/  /' >&2
 	rc=1
 fi
 grep -a '# fuzz:' "$console" | tail -1 | sed 's/^@@O //' >&2 || true

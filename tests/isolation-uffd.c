@@ -46,18 +46,8 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "uffd_ring.h"
 #include "uffd_util.h"
-
-#ifndef UFFD_FEATURE_WP_RING
-#define UFFD_FEATURE_WP_RING		(1 << 17)
-#define _UFFDIO_RING_SETUP		(0x09)
-struct uffdio_ring_setup {
-	__u64 entries;
-	__u64 flags;
-	__u64 mmap_size;
-};
-#define UFFDIO_RING_SETUP	_IOWR(UFFDIO, _UFFDIO_RING_SETUP, struct uffdio_ring_setup)
-#endif
 
 #define NOBODY		65534
 #define WAIT_MS		5000

@@ -19,11 +19,8 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "uffd_ring.h"
 #include "uffdwp.h"
-
-#ifndef UFFD_FEATURE_WP_RING
-#define UFFD_FEATURE_WP_RING (1 << 17)
-#endif
 
 static struct uffdwp_features f;
 

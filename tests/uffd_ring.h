@@ -15,9 +15,9 @@
 #include <stdint.h>
 
 #ifndef UFFD_FEATURE_WP_RING
-#define UFFD_FEATURE_WP_RING		(1 << 17)
-#define _UFFDIO_RING_SETUP		(0x09)
-#define _UFFDIO_RING_RESET		(0x0A)
+#define UFFD_FEATURE_WP_RING		(1 << 30)
+#define _UFFDIO_RING_SETUP		(0x30)
+#define _UFFDIO_RING_RESET		(0x31)
 #define UFFD_RING_MIN_ENTRIES		64
 #define UFFD_RING_MAX_ENTRIES		(1 << 22)
 struct uffdio_ring_setup {
@@ -27,6 +27,7 @@ struct uffdio_ring_setup {
 };
 struct uffd_ring_header {
 	__u64 producer;
+	__u64 __reserved[7];
 	__u64 consumer;
 	__u64 entries;
 	__u64 flags;
