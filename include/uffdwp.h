@@ -84,7 +84,8 @@ struct uffdwp_features {
 	bool wp_async;		/* UFFD_FEATURE_WP_ASYNC */
 	bool pagemap_scan;	/* PAGEMAP_SCAN ioctl on /proc/self/pagemap */
 	bool wp_ring;		/* UFFD_FEATURE_WP_RING write-log ring */
-	bool soft_dirty;	/* clear_refs 4 + pagemap bit 55 work */
+	bool soft_dirty;	/* pagemap reports soft-dirty (bit 55); probed
+				 * without writing clear_refs */
 	bool thp;		/* transparent hugepages not "never" */
 	size_t page_size;
 };
@@ -144,9 +145,20 @@ struct uffdwp_snapshot_opts {
 	unsigned int flags;
 };
 
-#define UFFDWP_SNAP_KERNEL_FAULTS (1u << 0) /* open without USER_MODE_ONLY */
+/*
+ * By default the snapshot's userfaultfd handles kernel-mode faults too, so
+ * that read(2), recv(2) and other system calls writing into a page not yet
+ * copied wait for it like a user-space write; where the process may not
+ * (no CAP_SYS_PTRACE, vm.unprivileged_userfaultfd = 0, no access to
+ * /dev/userfaultfd) it falls back to UFFD_USER_MODE_ONLY and sets
+ * stats.user_mode_only: such system calls then fail with EFAULT while the
+ * snapshot runs.
+ */
+#define UFFDWP_SNAP_KERNEL_FAULTS (1u << 0) /* kernel-mode faults or -EPERM:
+						no fallback */
 #define UFFDWP_SNAP_NO_UNPOPULATED (1u << 1) /* do not use WP_UNPOPULATED:
 						populate (read) instead */
+#define UFFDWP_SNAP_USER_MODE_ONLY (1u << 2) /* user-mode faults only */
 
 struct uffdwp_snapshot_stats {
 	uint64_t pause_ns;	/* protect phase: writers may wait this long */
@@ -161,6 +173,8 @@ struct uffdwp_snapshot_stats {
 	uint64_t side_cap;	/* side buffer cap, bytes */
 	uint64_t fixed_bytes;	/* other memory: chunk buffer + page states */
 	bool used_unpopulated;	/* WP_UNPOPULATED protected empty pages */
+	bool user_mode_only;	/* kernel-mode writes into the regions fail
+				 * (EFAULT) until the copier reached them */
 	bool done;		/* copier finished (success or not) */
 	int error;		/* 0, or the -errno that stopped it */
 };
@@ -201,8 +215,9 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 /*
  * uffdwp_snapshot_wait - wait until the copier is done.  TIMEOUT_MS < 0
  * waits forever.  Returns 0 when the snapshot completed, -ETIMEDOUT,
- * -ECANCELED after uffdwp_snapshot_cancel(), or the error that stopped it
- * (a sink error, -EIO on a failed protect/unprotect).
+ * -ECANCELED after uffdwp_snapshot_cancel(), or the error that stopped it:
+ * the sink's (-errno of write(2), -ENOSPC when the sink fd accepts no more
+ * bytes, or the callback's), or -EIO when protecting or unprotecting failed.
  * Thread safety: one waiter at a time; concurrently with cancel and stats.
  */
 int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms);
@@ -267,14 +282,17 @@ struct uffdwp_tracker;
  * process on every collect, so only one soft-dirty tracker may exist per
  * process; with it, a write racing with collect may be missed (the kernel
  * offers no atomic read-and-clear).  mprotect installs a SIGSEGV handler
- * (chaining to the previous one for faults outside trackers) and changes
- * the regions' protection; a kernel write into a tracked page (read(2)
- * into it) fails with EFAULT.  Memory backed by transparent hugepages may
+ * (chaining to the previous one for faults outside trackers) and takes
+ * PROT_WRITE away from the regions (each must have one protection
+ * throughout; the protection it had is restored when the tracker is
+ * freed); a kernel write into a tracked page (read(2) into it) fails with
+ * EFAULT.  Memory backed by transparent hugepages may
  * be reported a whole 2 MiB extent at a time by the ring, PAGEMAP_SCAN
  * and soft-dirty backends.
  *
  * Returns 0 or:
- *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND;
+ *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND; (mprotect)
+ *             a region whose pages have different protections;
  *   -EOPNOTSUPP  the forced backend (or, for AUTO, every backend) is
  *             unavailable on this kernel;
  *   -EBUSY    a soft-dirty tracker exists already / region registered;

@@ -87,6 +87,7 @@ struct uffdwp_tracker {
 	struct page_region *vec;	/* PAGEMAP_SCAN output */
 	size_t vec_len;
 	_Atomic uint64_t *faulted;	/* mprotect: set by SIGSEGV handler */
+	int *prot;			/* mprotect: each region's protection */
 	int slot;			/* mprotect: handler table slot */
 };
 

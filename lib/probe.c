@@ -68,13 +68,16 @@ static bool probe_soft_dirty(void)
 	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 	bool ok = false;
 
+	/*
+	 * A page just written is soft-dirty wherever the kernel tracks
+	 * soft-dirty, and never is elsewhere: reading the bit tells, without
+	 * clearing anybody's soft-dirty state (clear_refs acts on the whole
+	 * process, and another user of it, such as CRIU's pre-dump, would
+	 * lose its record).
+	 */
 	if (p && fd >= 0) {
 		p[0] = 1;
-		if (!uw_clear_refs_soft_dirty() &&
-		    pagemap_soft_dirty(fd, (void *)p) == 0) {
-			p[0] = 2;
-			ok = pagemap_soft_dirty(fd, (void *)p) == 1;
-		}
+		ok = pagemap_soft_dirty(fd, (void *)p) == 1;
 	}
 	if (fd >= 0)
 		close(fd);

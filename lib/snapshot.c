@@ -39,7 +39,8 @@
  * write took ~1.4 s in the riscv64 TCG guest, 128 x 16 KiB ~35 ms).  It
  * also matches pipe and socket buffers. */
 #define SINK_WRITE_MAX	(16UL << 10)
-#define SNAP_FLAGS	(UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_NO_UNPOPULATED)
+#define SNAP_FLAGS	(UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_NO_UNPOPULATED | \
+			 UFFDWP_SNAP_USER_MODE_ONLY)
 
 struct uffdwp_snapshot {
 	size_t self_len;
@@ -198,8 +199,8 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 			continue;
 		if (w < 0)
 			return -errno;
-		if (w == 0)
-			return -EIO;
+		if (w == 0)	/* the sink takes no more bytes */
+			return -ENOSPC;
 		p += w;
 		len -= (size_t)w;
 	}
@@ -380,6 +381,8 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	int err;
 
 	if (!out || !opts || (opts->flags & ~SNAP_FLAGS) ||
+	    (opts->flags & UFFDWP_SNAP_KERNEL_FAULTS &&
+	     opts->flags & UFFDWP_SNAP_USER_MODE_ONLY) ||
 	    (opts->sink_fd >= 0) == (opts->sink != NULL))
 		return -EINVAL;
 	*out = NULL;
@@ -411,8 +414,19 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 				 !(opts->flags & UFFDWP_SNAP_NO_UNPOPULATED);
 	if (s->st.used_unpopulated)
 		features |= UFFD_FEATURE_WP_UNPOPULATED;
-	err = uffdwp_open(opts->flags & UFFDWP_SNAP_KERNEL_FAULTS ?
-			  UFFDWP_OPEN_KERNEL_FAULTS : 0, features, NULL);
+	/*
+	 * Kernel-mode faults by default: read(2) or recv(2) into a page the
+	 * copier has not reached must wait for it like a user write, not fail
+	 * with EFAULT.  Only where the process may not handle them fall back
+	 * to user-mode-only, and say so in the stats.
+	 */
+	err = -EPERM;
+	if (!(opts->flags & UFFDWP_SNAP_USER_MODE_ONLY))
+		err = uffdwp_open(UFFDWP_OPEN_KERNEL_FAULTS, features, NULL);
+	if (err == -EPERM && !(opts->flags & UFFDWP_SNAP_KERNEL_FAULTS)) {
+		s->st.user_mode_only = true;
+		err = uffdwp_open(0, features, NULL);
+	}
 	if (err < 0)
 		goto fail;
 	s->uffd = err;

@@ -45,6 +45,50 @@ static void t_probe(void)
 		  (unsigned long long)g.api_features);
 }
 
+/* Bit 55 (soft-dirty) of ADDR's pagemap entry: 1, 0, or -1. */
+static int soft_dirty_of(void *addr)
+{
+	long psz = sysconf(_SC_PAGESIZE);
+	int fd = open("/proc/self/pagemap", O_RDONLY);
+	uint64_t e = 0;
+	bool ok;
+
+	if (fd < 0)
+		return -1;
+	ok = pread(fd, &e, 8, (off_t)((uintptr_t)addr / psz * 8)) == 8;
+	close(fd);
+	return ok ? (int)(e >> 55 & 1) : -1;
+}
+
+/* Probing changes nothing in the process: in particular it leaves the
+ * soft-dirty bits of its pages alone (it used to write clear_refs). */
+static void t_probe_no_side_effects(void)
+{
+	const char *name = "probe-keeps-soft-dirty";
+	long psz = sysconf(_SC_PAGESIZE);
+	char *p = mmap(NULL, psz, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_features g;
+	int before, after, e;
+
+	if (p == MAP_FAILED) {
+		tap_fail(name, "mmap: %s", strerror(errno));
+		return;
+	}
+	p[0] = 1;
+	before = soft_dirty_of(p);
+	e = uffdwp_probe_fresh(&g);
+	after = soft_dirty_of(p);
+	if (before != 1 && !f.soft_dirty)
+		tap_skip(name, "this kernel has no soft-dirty to keep (bit 55 is %d)",
+			 before);
+	else
+		tap_check(!e && before == 1 && after == 1 && g.soft_dirty,
+			  name, "probe %d; the written page's soft-dirty bit %d before the probe, %d after; probe says soft-dirty %d",
+			  e, before, after, g.soft_dirty);
+	munmap(p, psz);
+}
+
 static void t_open_default(void)
 {
 	uint64_t got = 0;
@@ -197,8 +241,9 @@ static void t_choose(void)
 
 int main(void)
 {
-	tap_plan(11);
+	tap_plan(12);
 	t_probe();
+	t_probe_no_side_effects();
 	t_open_default();
 	t_open_ways();
 	t_user_mode_only();

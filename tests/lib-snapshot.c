@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -597,6 +598,84 @@ static void t_cancel(void)
 		  err, w.done ? "released" : "STUCK", c.calls);
 }
 
+/*
+ * snapshot-kernel-writes: read(2) from a pipe and recv(2) from a socket
+ * into pages the copier has not reached (the last 2 MiB chunk, while the
+ * sink holds the copier on the first) succeed, go through the snapshot's
+ * fault handler, and the snapshot still holds the pages as they were.
+ */
+static void t_kernel_writes(void)
+{
+	const char *name = "snapshot-kernel-writes";
+	size_t pages = 2048, len = pages * psz;	/* 4 chunks of 2 MiB */
+	char *p = map(len, false), *buf = malloc(len), *orig = malloc(len);
+	char *rd = p + len - 4 * psz, *rv = p + len - 2 * psz;
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct uffdwp_snapshot *s;
+	ssize_t nr = -2, nv = -2;
+	int pfd[2], sv[2], err, werr = -1, er = 0, ev = 0;
+	uint64_t faults0 = 0;
+	struct collect c;
+	long bad = -1;
+
+	if (skip_no_wp(name))
+		return;
+	if (!p || !buf || !orig || pipe(pfd) ||
+	    socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+		tap_fail(name, "setup: %s", strerror(errno));
+		return;
+	}
+	fill(p, len, 11);
+	memcpy(orig, p, len);
+	/* The data the system calls will write: 2 pages each. */
+	fill(buf, 4 * psz, 12);
+	if (write(pfd[1], buf, 2 * psz) != 2 * psz ||
+	    send(sv[1], buf + 2 * psz, 2 * psz, 0) != 2 * psz) {
+		tap_fail(name, "filling the pipe/socket: %s", strerror(errno));
+		goto out;
+	}
+	collect_init(&c, buf, &r, 1);
+	c.delay_us = 400000;	/* the copier waits on every chunk */
+	o.sink_arg = &c;
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (err) {
+		tap_fail(name, "start: %s", strerror(-err));
+		goto out;
+	}
+	uffdwp_snapshot_stats(s, &st);
+	faults0 = st.faults;
+	nr = read(pfd[0], rd, 2 * psz);
+	er = errno;
+	nv = recv(sv[0], rv, 2 * psz, MSG_WAITALL);
+	ev = errno;
+	uffdwp_snapshot_stats(s, &st);
+	werr = uffdwp_snapshot_wait(s, -1);
+	uffdwp_snapshot_free(s);
+	for (size_t i = 0; i < len && bad < 0; i++)
+		if (buf[i] != orig[i])
+			bad = (long)i;
+	fill(orig, 4 * psz, 12);	/* what the pages must hold now */
+	tap_check(nr == 2 * (ssize_t)psz && nv == 2 * (ssize_t)psz && !werr &&
+		  bad < 0 && !memcmp(rd, orig, 2 * psz) &&
+		  !memcmp(rv, orig + 2 * psz, 2 * psz) &&
+		  st.faults >= faults0 + 4 && !st.user_mode_only, name,
+		  "read %zd (%s), recv %zd (%s), wait %d, snapshot first wrong byte %ld, faults %llu -> %llu (want +4), user_mode_only %d",
+		  nr, nr < 0 ? strerror(er) : "ok", nv,
+		  nv < 0 ? strerror(ev) : "ok", werr, bad,
+		  (unsigned long long)faults0, (unsigned long long)st.faults,
+		  st.user_mode_only);
+out:
+	close(pfd[0]);
+	close(pfd[1]);
+	close(sv[0]);
+	close(sv[1]);
+	free(buf);
+	free(orig);
+	munmap(p, len);
+}
+
 static void t_bad_input(void)
 {
 	char *p = map(4 * psz, false);
@@ -658,7 +737,7 @@ static void t_bad_input(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(14);
+	tap_plan(15);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
@@ -668,6 +747,7 @@ int main(void)
 	t_cap();
 	t_unpopulated();
 	t_cancel();
+	t_kernel_writes();
 	t_bad_input();
 	return tap_done();
 }

@@ -325,13 +325,76 @@ static void t_errors(void)
 	uffdwp_tracker_free(t2);
 }
 
+/* The protection flags ("rwx") /proc/self/maps shows for ADDR, or "". */
+static void maps_perms(void *addr, char out[4])
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	unsigned long lo, hi, a = (unsigned long)addr;
+	char line[512], perms[8];
+
+	strcpy(out, "");
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 &&
+		    a >= lo && a < hi) {
+			memcpy(out, perms, 3);
+			out[3] = 0;
+			break;
+		}
+	if (f)
+		fclose(f);
+}
+
+/*
+ * tracker-mprotect-keeps-protection: the mprotect backend takes only
+ * PROT_WRITE away and gives each region back the protection it had (an
+ * executable arena stays executable); a region mixing protections is
+ * refused.
+ */
+static void t_mprotect_prot(void)
+{
+	const char *name = "tracker-mprotect-keeps-protection";
+	char *x = mmap(NULL, 4 * psz, PROT_READ | PROT_WRITE | PROT_EXEC,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_region r = { x, 4 * psz }, half = { x, 4 * psz };
+	struct uffdwp_tracker *t = NULL;
+	char during[4] = "", after[4] = "", mixed_perms[4] = "";
+	void *pg[4];
+	ssize_t n = -1;
+	int err, mixed;
+
+	if (x == MAP_FAILED) {
+		tap_fail(name, "mmap(PROT_EXEC): %s", strerror(errno));
+		return;
+	}
+	err = uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_MPROTECT);
+	if (!err) {
+		maps_perms(x, during);
+		x[psz] = 1;
+		n = uffdwp_tracker_collect(t, pg, 4);
+		uffdwp_tracker_free(t);
+	}
+	maps_perms(x, after);
+	mprotect(x + 2 * psz, 2 * psz, PROT_READ);
+	t = NULL;
+	mixed = uffdwp_tracker_new(&t, &half, 1, UFFDWP_BACKEND_MPROTECT);
+	maps_perms(x, mixed_perms);
+	tap_check(!err && !strcmp(during, "r-x") && n == 1 && pg[0] == x + psz &&
+		  !strcmp(after, "rwx") && mixed == -EINVAL && !t &&
+		  !strcmp(mixed_perms, "rwx"), name,
+		  "new %d, protection while tracking %s (want r-x), collect %zd, after free %s (want rwx); mixed region: %d (want -EINVAL), left %s",
+		  err, during, n, after, mixed, mixed_perms);
+	if (t)
+		uffdwp_tracker_free(t);
+	munmap(x, 4 * psz);
+}
+
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
 	area = map_guarded(PAGES);
 	if (!area)
 		tap_bail("no memory");
-	tap_plan(14);
+	tap_plan(15);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
 	t_agree();
@@ -339,5 +402,6 @@ int main(void)
 	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN);
 	t_concurrent(UFFDWP_BACKEND_MPROTECT);
 	t_errors();
+	t_mprotect_prot();
 	return tap_done();
 }
