@@ -26,6 +26,13 @@ SUITES    := $(filter-out $(TEST_LIB),$(TEST_SRCS))
 OURS := $(OUT)/init $(OUT)/bin/catch-writes $(OUT)/bin/sysfs-set \
 	$(patsubst tests/%.c,$(OUT)/bin/%,$(SUITES))
 
+# examples/NAME.c -> bin/example-NAME, built the way a user builds them:
+# against libuffdwp installed under $(OUT)/prefix (header, static library,
+# uffdwp.pc from lib/uffdwp.pc.in) through pkg-config --static.
+PREFIX_G := $(abspath $(OUT))/prefix
+EXAMPLES := $(patsubst examples/%.c,$(OUT)/bin/example-%,$(wildcard examples/*.c))
+OURS += $(EXAMPLES)
+
 # Benchmarks (bench/NAME.c -> bin/bench-NAME, sharing bench/bench_util.c),
 # the uffdwp tool and the fuzzer.
 BENCH_LIB  := $(wildcard bench/bench_util.c)
@@ -55,6 +62,17 @@ $(OUT)/bin/sysfs-set: guest/sysfs-set.c
 $(OUT)/bin/catch-writes: demo/catch-writes.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $<
+
+$(PREFIX_G)/lib/pkgconfig/uffdwp.pc: $(LIB_A) include/uffdwp.h lib/uffdwp.pc.in
+	@mkdir -p $(PREFIX_G)/include $(PREFIX_G)/lib/pkgconfig
+	cp include/uffdwp.h $(PREFIX_G)/include/
+	cp $(LIB_A) $(PREFIX_G)/lib/
+	sed -e 's|@PREFIX@|$(PREFIX_G)|' -e 's|@VERSION@|0.1.0|' lib/uffdwp.pc.in >$@
+
+$(OUT)/bin/example-%: examples/%.c $(PREFIX_G)/lib/pkgconfig/uffdwp.pc
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -Wall -Wextra -Werror -static -o $@ $< \
+		$$(PKG_CONFIG_PATH=$(PREFIX_G)/lib/pkgconfig pkg-config --static --cflags --libs uffdwp)
 
 $(OUT)/lib/%.o: lib/%.c $(wildcard include/*.h lib/*.h)
 	@mkdir -p $(dir $@)

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: LGPL-2.1-or-later OR MIT */
 /*
  * uffdwp.h - libuffdwp: live snapshots and dirty-page tracking of the
  * calling process's memory with userfaultfd write-protection.
@@ -34,6 +34,16 @@ extern "C" {
 
 #define UFFDWP_VERSION_MAJOR 0
 #define UFFDWP_VERSION_MINOR 1
+
+/*
+ * uffdwp_version - the version of the library actually loaded, which may
+ * differ from the UFFDWP_VERSION_* this program was compiled with.  Returns
+ * 0, or -EINVAL for a NULL pointer.  uffdwp_version_at_least() is true when
+ * the loaded library has MAJOR's interface with at least MINOR's
+ * additions.  Thread safety: any thread.
+ */
+int uffdwp_version(int *major, int *minor);
+bool uffdwp_version_at_least(int major, int minor);
 
 /* One range of the caller's memory: ADDR and LEN page-aligned, LEN > 0. */
 struct uffdwp_region {
@@ -94,11 +104,10 @@ struct uffdwp_features {
  * uffdwp_probe - fill *F with what the running kernel supports.
  *
  * Opens (and closes) a userfaultfd, issues a PAGEMAP_SCAN on a scratch
- * mapping and tests soft-dirty on a scratch page; it changes nothing else
- * except that soft-dirty probing writes "4" to /proc/self/clear_refs
- * (clearing soft-dirty bits of the whole process) when no soft-dirty
- * tracker exists.  Returns 0 (even when userfaultfd is unavailable: every
- * flag is then false) or -EINVAL if F is NULL.
+ * mapping and reads the soft-dirty bit of a scratch page it wrote; it
+ * changes nothing else in the process (it never writes clear_refs).
+ * Returns 0 (even when userfaultfd is unavailable: every flag is then
+ * false) or -EINVAL if F is NULL.
  * Thread safety: any thread, any time; the result is cached after the
  * first call (uffdwp_probe_fresh() probes again).
  */
@@ -251,7 +260,8 @@ enum uffdwp_backend {
 	UFFDWP_BACKEND_AUTO = 0,	/* the best available, in this order: */
 	UFFDWP_BACKEND_RING,		/* UFFD_FEATURE_WP_RING write log */
 	UFFDWP_BACKEND_PAGEMAP_SCAN,	/* WP_ASYNC + PAGEMAP_SCAN */
-	UFFDWP_BACKEND_SOFT_DIRTY,	/* clear_refs 4 + pagemap bit 55 */
+	UFFDWP_BACKEND_SOFT_DIRTY,	/* clear_refs 4 + pagemap bit 55: clears
+					 * the whole process's soft-dirty bits */
 	UFFDWP_BACKEND_MPROTECT,	/* mprotect + SIGSEGV */
 	UFFDWP_BACKEND_COUNT
 };

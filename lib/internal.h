@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: LGPL-2.1-or-later OR MIT */
 /*
  * internal.h: what the files of libuffdwp share and do not export.
  * Every helper returns 0 (or a count) or -errno, like the public API.

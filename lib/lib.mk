@@ -41,13 +41,10 @@ $(HOST_LIB_A): $(HOST_LIB_OBJS)
 	@rm -f $@
 	$(HOST_AR) rcs $@ $^
 
-$(HOST_OUT)/libuffdwp.map: lib/lib.mk
-	@mkdir -p $(dir $@)
-	printf '{\n  global: uffdwp_*;\n  local: *;\n};\n' >$@
-
-$(HOST_LIB_SOV): $(HOST_LIB_OBJS) $(HOST_OUT)/libuffdwp.map
+# lib/libuffdwp.map: the exported symbols by version node, kept by hand.
+$(HOST_LIB_SOV): $(HOST_LIB_OBJS) lib/libuffdwp.map
 	$(HOST_CC) -shared -pthread -Wl,-soname,libuffdwp.so.$(UFFDWP_SOVER) \
-		-Wl,--version-script=$(HOST_OUT)/libuffdwp.map -o $@ $(HOST_LIB_OBJS)
+		-Wl,--version-script=lib/libuffdwp.map -o $@ $(HOST_LIB_OBJS)
 
 $(HOST_LIB_SO): $(HOST_LIB_SOV)
 	ln -sf libuffdwp.so.$(UFFDWP_VER) $(HOST_OUT)/libuffdwp.so.$(UFFDWP_SOVER)
@@ -58,11 +55,8 @@ $(HOST_TOOL): tools/uffdwp.c $(HOST_LIB_A) $(HOST_HDRS) $(wildcard bench/*.h)
 
 # uffdwp.pc is written at install time: it names this PREFIX.
 install: lib
-	printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$${prefix}/include' \
-		'libdir=$${prefix}/lib' '' 'Name: uffdwp' \
-		'Description: live snapshots and dirty tracking with userfaultfd write-protection' \
-		'Version: $(UFFDWP_VER)' 'Libs: -L$${libdir} -luffdwp' \
-		'Libs.private: -pthread' 'Cflags: -I$${includedir}' >$(HOST_OUT)/uffdwp.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(UFFDWP_VER)|' \
+		lib/uffdwp.pc.in >$(HOST_OUT)/uffdwp.pc
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 		$(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/uffdwp.h $(DESTDIR)$(PREFIX)/include/
@@ -72,6 +66,9 @@ install: lib
 	ln -sf libuffdwp.so.$(UFFDWP_SOVER) $(DESTDIR)$(PREFIX)/lib/libuffdwp.so
 	install -m 644 $(HOST_OUT)/uffdwp.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 755 $(HOST_TOOL) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3
+	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/*.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 
 $(HOST_OUT)/tests/%: tests/%.c $(HOST_LIB_A) $(HOST_TEST_LIB) $(HOST_HDRS) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /* open.c: opening a userfaultfd (device first, then syscall), UFFDIO_API,
  * and the register/protect helpers the snapshot and trackers share. */
 #define _GNU_SOURCE

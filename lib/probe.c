@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /* probe.c: what the running kernel supports, asked once and cached. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /* regions.c: validating and indexing the caller's list of regions. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /*
  * tracker.c: the backend-independent part of the dirty tracker: choosing a
  * backend, the pending bitmap and collect().

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /*
  * tracker_mprotect.c: the last-resort backend.  The regions are made
  * read-only; the first write to a page raises SIGSEGV, whose handler makes

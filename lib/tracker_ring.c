@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /*
  * tracker_ring.c: the write-log ring backend (UFFD_FEATURE_WP_RING).  The
  * kernel appends the address of every page whose WP bit a write cleared to

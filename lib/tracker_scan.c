@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /*
  * tracker_scan.c: the PAGEMAP_SCAN backend.  The regions are registered
  * with a WP_ASYNC userfaultfd and protected; the kernel resolves write

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
 /*
  * tracker_softdirty.c: the soft-dirty backend.  Writing "4" to
  * /proc/self/clear_refs clears the soft-dirty bit of every page of the

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: LGPL-2.1-or-later OR MIT */
 /*
  * uapi_compat.h: the uAPI pieces libuffdwp needs that older installed
  * headers lack (WP_UNPOPULATED 6.4, WP_ASYNC and PAGEMAP_SCAN 6.7, the

@@ -7,12 +7,14 @@
 #   kernel build: gcc make flex bison bc libelf-dev libssl-dev rsync
 #                 (headers_install) kmod (depmod) xz-utils zstd cpio
 #   pipeline:     git perl (checkpatch) python3 ccache file (lane.sh run)
-#                 util-linux (flock) coreutils findutils
+#                 util-linux (flock) coreutils findutils binutils (objdump,
+#                 the ABI check) mandoc (the manual pages' lint) pkgconf
+#                 (examples are built through pkg-config)
 #   guests:       qemu-system-x86, qemu-system-misc (riscv64), the riscv64
 #                 cross compiler and its libc
 pkgs=(linux-source-6.12 qemu-system-x86 qemu-system-misc
       gcc make flex bison bc libelf-dev libssl-dev rsync kmod cpio xz-utils zstd
-      ccache python3 git perl file util-linux findutils
+      ccache python3 git perl file util-linux findutils binutils mandoc pkgconf
       gcc-riscv64-linux-gnu libc6-dev-riscv64-cross)
 [ -z "${EXTRA_PKGS:-}" ] || read -r -a extra <<<"$EXTRA_PKGS"
 missing=()

@@ -89,6 +89,24 @@ static void t_probe_no_side_effects(void)
 	munmap(p, psz);
 }
 
+/* The loaded library's version is the one this test was compiled with. */
+static void t_version(void)
+{
+	int major = -1, minor = -1, e = uffdwp_version(&major, &minor);
+
+	tap_check(!e && major == UFFDWP_VERSION_MAJOR &&
+		  minor == UFFDWP_VERSION_MINOR &&
+		  uffdwp_version_at_least(UFFDWP_VERSION_MAJOR, 0) &&
+		  uffdwp_version_at_least(UFFDWP_VERSION_MAJOR,
+					  UFFDWP_VERSION_MINOR) &&
+		  !uffdwp_version_at_least(UFFDWP_VERSION_MAJOR,
+					   UFFDWP_VERSION_MINOR + 1) &&
+		  !uffdwp_version_at_least(UFFDWP_VERSION_MAJOR + 1, 0) &&
+		  uffdwp_version(NULL, &minor) == -EINVAL, "version",
+		  "uffdwp_version %d: %d.%d, compiled with %d.%d", e, major,
+		  minor, UFFDWP_VERSION_MAJOR, UFFDWP_VERSION_MINOR);
+}
+
 static void t_open_default(void)
 {
 	uint64_t got = 0;
@@ -241,7 +259,8 @@ static void t_choose(void)
 
 int main(void)
 {
-	tap_plan(12);
+	tap_plan(13);
+	t_version();
 	t_probe();
 	t_probe_no_side_effects();
 	t_open_default();
