@@ -6,7 +6,7 @@ LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check check-repeat check-fresh demo bench soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
+.PHONY: all check check-repeat check-fresh deb demo bench soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
 
 all: check
 
@@ -26,6 +26,11 @@ check-repeat:
 T_FRESH ?= demo
 check-fresh:
 	@scripts/check-fresh.sh $(T_FRESH)
+
+## deb: libuffdwp0, libuffdwp-dev and uffdwp .deb packages in build/deb/
+##       (dpkg-buildpackage, lintian, examples built against them)
+deb:
+	@scripts/deb.sh
 
 ## demo: boot the patched kernel and run `uffdwp demo` (a live snapshot of a
 ##       busy arena without fork, verified record by record)

@@ -67,7 +67,8 @@ $(PREFIX_G)/lib/pkgconfig/uffdwp.pc: $(LIB_A) include/uffdwp.h lib/uffdwp.pc.in
 	@mkdir -p $(PREFIX_G)/include $(PREFIX_G)/lib/pkgconfig
 	cp include/uffdwp.h $(PREFIX_G)/include/
 	cp $(LIB_A) $(PREFIX_G)/lib/
-	sed -e 's|@PREFIX@|$(PREFIX_G)|' -e 's|@VERSION@|0.1.0|' lib/uffdwp.pc.in >$@
+	sed -e 's|@PREFIX@|$(PREFIX_G)|' -e 's|@LIBDIR@|$(PREFIX_G)/lib|' \
+		-e 's|@VERSION@|0.1.0|' lib/uffdwp.pc.in >$@
 
 $(OUT)/bin/example-%: examples/%.c $(PREFIX_G)/lib/pkgconfig/uffdwp.pc
 	@mkdir -p $(dir $@)

@@ -14,6 +14,7 @@ HOST_OUT     := build/host
 HOST_CFLAGS  := -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -fPIC \
 		-Iinclude -Ilib -Itests -Ibench
 PREFIX       ?= /usr/local
+LIBDIR       ?= $(PREFIX)/lib
 DESTDIR      ?=
 UFFDWP_SOVER := 0
 UFFDWP_VER   := 0.1.0
@@ -53,18 +54,18 @@ $(HOST_LIB_SO): $(HOST_LIB_SOV)
 $(HOST_TOOL): tools/uffdwp.c $(HOST_LIB_A) $(HOST_HDRS) $(wildcard bench/*.h)
 	$(HOST_CC) $(HOST_CFLAGS) -o $@ $< $(HOST_LIB_A) -lm
 
-# uffdwp.pc is written at install time: it names this PREFIX.
+# uffdwp.pc is written at install time: it names this PREFIX and LIBDIR.
 install: lib
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(UFFDWP_VER)|' \
-		lib/uffdwp.pc.in >$(HOST_OUT)/uffdwp.pc
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+		-e 's|@VERSION@|$(UFFDWP_VER)|' lib/uffdwp.pc.in >$(HOST_OUT)/uffdwp.pc
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LIBDIR)/pkgconfig \
 		$(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/uffdwp.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $(HOST_LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(HOST_LIB_SOV) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libuffdwp.so.$(UFFDWP_VER) $(DESTDIR)$(PREFIX)/lib/libuffdwp.so.$(UFFDWP_SOVER)
-	ln -sf libuffdwp.so.$(UFFDWP_SOVER) $(DESTDIR)$(PREFIX)/lib/libuffdwp.so
-	install -m 644 $(HOST_OUT)/uffdwp.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 644 $(HOST_LIB_A) $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(HOST_LIB_SOV) $(DESTDIR)$(LIBDIR)/
+	ln -sf libuffdwp.so.$(UFFDWP_VER) $(DESTDIR)$(LIBDIR)/libuffdwp.so.$(UFFDWP_SOVER)
+	ln -sf libuffdwp.so.$(UFFDWP_SOVER) $(DESTDIR)$(LIBDIR)/libuffdwp.so
+	install -m 644 $(HOST_OUT)/uffdwp.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
 	install -m 755 $(HOST_TOOL) $(DESTDIR)$(PREFIX)/bin/
 	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3
 	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
