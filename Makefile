@@ -94,6 +94,7 @@ help:
 
 ## clean: remove build/ (the kernel cache outside the clone stays)
 clean:
+	@! grep -q " $(abspath build)/" /proc/mounts || { echo "error: mounts under build/ (a make check-fresh root?): umount them first:"; grep " $(abspath build)/" /proc/mounts | cut -d" " -f2; exit 1; }
 	rm -rf build
 
 ## lib: build/host/libuffdwp.{a,so} and the uffdwp tool for this machine

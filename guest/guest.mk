@@ -11,7 +11,7 @@ KSRC ?=
 
 CFLAGS_COMMON := -std=gnu11 -O2 -g -Wall -Wextra -Werror -static -pthread \
 		 -isystem $(UAPI)/include
-CFLAGS_OURS   := $(CFLAGS_COMMON) -Iinclude -Itests -Ibench
+CFLAGS_OURS   := $(CFLAGS_COMMON) -Iinclude -Itests -Ibench -Iworkload
 
 # libuffdwp (lib/*.c, include/uffdwp.h) as a static archive for the guest.
 LIB_SRCS := $(wildcard lib/*.c)
@@ -77,17 +77,17 @@ $(OUT)/bin/example-%: examples/%.c $(PREFIX_G)/lib/pkgconfig/uffdwp.pc
 
 $(OUT)/lib/%.o: lib/%.c $(wildcard include/*.h lib/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_OURS) -Ilib -c -o $@ $<
+	$(CC) $(CFLAGS_COMMON) -Iinclude -Ilib -c -o $@ $<
 
 $(OUT)/libuffdwp.a: $(LIB_OBJS)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(OUT)/bin/bench-%: bench/%.c $(BENCH_LIB) $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h bench/*.h include/*.h)
+$(OUT)/bin/bench-%: bench/%.c $(BENCH_LIB) $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h bench/*.h workload/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(BENCH_LIB) $(TEST_LIB) $(LIB_A) -lm
 
-$(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h bench/*.h)
+$(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h workload/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(LIB_A) -lm
 
@@ -95,7 +95,7 @@ $(OUT)/bin/fuzz-%: fuzz/%.c $(TEST_LIB) $(wildcard tests/*.h fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB)
 
-$(OUT)/bin/%: tests/%.c $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h include/*.h)
+$(OUT)/bin/%: tests/%.c $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h workload/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB) $(LIB_A)
 

@@ -11,8 +11,11 @@
 HOST_CC      ?= gcc
 HOST_AR      ?= ar
 HOST_OUT     := build/host
-HOST_CFLAGS  := -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -fPIC \
-		-Iinclude -Ilib -Itests -Ibench
+# The library builds from lib/ and include/ alone; the tool and the tests
+# also see the shared workload (workload/) and the test helpers.
+HOST_LIB_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -fPIC \
+		-Iinclude -Ilib
+HOST_CFLAGS  := $(HOST_LIB_CFLAGS) -Iworkload -Itests
 PREFIX       ?= /usr/local
 LIBDIR       ?= $(PREFIX)/lib
 DESTDIR      ?=
@@ -36,7 +39,7 @@ lib: $(HOST_LIB_A) $(HOST_LIB_SO) $(HOST_TOOL)
 
 $(HOST_OUT)/lib/%.o: lib/%.c $(HOST_HDRS)
 	@mkdir -p $(dir $@)
-	$(HOST_CC) $(HOST_CFLAGS) -c -o $@ $<
+	$(HOST_CC) $(HOST_LIB_CFLAGS) -c -o $@ $<
 
 $(HOST_LIB_A): $(HOST_LIB_OBJS)
 	@rm -f $@
@@ -51,7 +54,7 @@ $(HOST_LIB_SO): $(HOST_LIB_SOV)
 	ln -sf libuffdwp.so.$(UFFDWP_VER) $(HOST_OUT)/libuffdwp.so.$(UFFDWP_SOVER)
 	ln -sf libuffdwp.so.$(UFFDWP_SOVER) $@
 
-$(HOST_TOOL): tools/uffdwp.c $(HOST_LIB_A) $(HOST_HDRS) $(wildcard bench/*.h)
+$(HOST_TOOL): tools/uffdwp.c $(HOST_LIB_A) $(HOST_HDRS) $(wildcard workload/*.h)
 	$(HOST_CC) $(HOST_CFLAGS) -o $@ $< $(HOST_LIB_A) -lm
 
 # uffdwp.pc is written at install time: it names this PREFIX and LIBDIR.

@@ -9,7 +9,7 @@
  * demo: N writer threads keep updating versioned records in an arena while
  * a snapshot is taken with libuffdwp and streamed to FILE; the file is then
  * checked record by record against the snapshot instant (see
- * bench/workload.h).  Progress is printed every 2 s.  The writers stop
+ * workload/workload.h).  Progress is printed every 2 s.  The writers stop
  * --write-s seconds after the snapshot instant (default 20, 0: they run
  * until the copy is done) so a slow guest still finishes; the copy and the
  * check are the same either way.  Exit 0 only if it verified; 1 if not; 2
