@@ -98,6 +98,7 @@ struct uffdwp_features {
 				 * without writing clear_refs */
 	bool thp;		/* transparent hugepages not "never" */
 	size_t page_size;
+	uint64_t __reserved[8];	/* room to grow: zeroed by the library */
 };
 
 /*
@@ -152,6 +153,9 @@ struct uffdwp_snapshot_opts {
 	size_t side_cap;
 	/* Flags: UFFDWP_SNAP_*. */
 	unsigned int flags;
+	/* Room for options to come: must be zero (-EINVAL otherwise), so a
+	 * zero-initialised struct keeps its meaning in later versions. */
+	uint64_t __reserved[8];
 };
 
 /*
@@ -186,6 +190,7 @@ struct uffdwp_snapshot_stats {
 				 * (EFAULT) until the copier reached them */
 	bool done;		/* copier finished (success or not) */
 	int error;		/* 0, or the -errno that stopped it */
+	uint64_t __reserved[8];	/* room to grow: zeroed by the library */
 };
 
 struct uffdwp_snapshot;

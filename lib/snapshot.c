@@ -380,6 +380,9 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	uint64_t features = UFFD_FEATURE_PAGEFAULT_FLAG_WP, t0;
 	int err;
 
+	for (size_t i = 0; opts && i < sizeof(opts->__reserved) / 8; i++)
+		if (opts->__reserved[i])
+			return -EINVAL;
 	if (!out || !opts || (opts->flags & ~SNAP_FLAGS) ||
 	    (opts->flags & UFFDWP_SNAP_KERNEL_FAULTS &&
 	     opts->flags & UFFDWP_SNAP_USER_MODE_ONLY) ||
