@@ -1204,32 +1204,6 @@ static void op_mremap(void)
 	pthread_rwlock_unlock(&map_lock);
 }
 
-/*
- * MADV_FREE then reclaim (MADV_PAGEOUT): a clean lazyfree page is
- * discarded and reads as zero from then on; one written meanwhile (by the
- * writers, in other words of the page) is kept with its contents.  Which
- * one happened is read from pagemap before word 0 is checked.
- */
-static void op_madv_free(struct region *r, size_t a, size_t n)
-{
-	char *p = r->addr + a * psz;
-
-	op_name = "madv-free";
-	if (madvise(p, n * psz, MADV_FREE)) {
-		judge("madvise(MADV_FREE)", -1, errno, false);
-		return;
-	}
-	if (madvise(p, n * psz, MADV_PAGEOUT))
-		judge("madvise(MADV_PAGEOUT)", -1, errno, false);
-	for (size_t i = a; i < a + n; i++) {
-		uint64_t pm = pagemap_entry(r->addr + i * psz);
-
-		if (!(pm & (PM_PRESENT | PM_SWAP)))
-			r->shadow[i] = 0;
-		check_word(r, i, "after madv-free");
-	}
-}
-
 static void op_madvise(void)
 {
 	struct region *r = pick_region();
@@ -1241,7 +1215,13 @@ static void op_madvise(void)
 		return;
 	a = rnd(r->npages);
 	n = 1 + rnd(r->npages - a);
-	switch (rnd(22)) {
+	/*
+	 * No MADV_FREE: a lazyfree page's content is undefined (old or zero)
+	 * until it is written again, and reclaim may drop it at any later
+	 * time, which word 0's exact shadow cannot follow; tests/ring-paths.c
+	 * covers what MADV_FREE does to protected pages.
+	 */
+	switch (rnd(20)) {
 	case 0: case 1: case 2: case 3: case 4: case 5:
 		adv = MADV_DONTNEED;
 		op_name = "madv-dontneed";
@@ -1251,9 +1231,6 @@ static void op_madvise(void)
 			n = 512;
 		}
 		break;
-	case 20: case 21:
-		op_madv_free(r, a, n > 32 ? 32 : n);
-		return;
 	case 6: case 7:
 		adv = MADV_PAGEOUT;
 		op_name = "madv-pageout";

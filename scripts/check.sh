@@ -3,7 +3,8 @@
 # checks the series, then builds, boots and tests each lane in turn (a lane
 # that fails does not stop the others) and ends with the line
 #   N passed, N failed, N skipped
-# counted over build/results/{pipeline,series}.tap and each lane's TAP.
+# counted over build/results/{pipeline,abi,man,deb,series}.tap and each
+# lane's TAP.
 . "$(dirname "$0")/lib.sh"
 [ $# -gt 0 ] || set -- x86_64 riscv64 x86_64-debug
 results=$BUILD/results
@@ -12,10 +13,16 @@ mkdir -p "$results"
 "$TOP/scripts/deps.sh"
 step "pipeline: failing steps speak"
 "$TOP/scripts/test-pipeline.sh" "$results/pipeline.tap" || true
+step "libuffdwp: ABI and manual pages"
+"$TOP/scripts/check-abi.sh" "$results/abi.tap" || true
+"$TOP/scripts/check-man.sh" "$results/man.tap" || true
+step "libuffdwp: Debian packages"
+"$TOP/scripts/deb.sh" "$results/deb.tap" >/dev/null || true
 step "series: apply and checkpatch"
 rm -f "$results/series.tap"
 "$TOP/scripts/check-series.sh" "$results/series.tap" || true
-taps=("$results/pipeline.tap" "$results/series.tap")
+taps=("$results/pipeline.tap" "$results/abi.tap" "$results/man.tap" "$results/deb.tap"
+      "$results/series.tap")
 for lane in "$@"; do
 	load_lane "$lane" >/dev/null
 	rm -f "$results/$lane.tap" "$results/$lane.console"

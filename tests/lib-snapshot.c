@@ -26,7 +26,6 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -599,10 +598,11 @@ static void t_cancel(void)
 }
 
 /*
- * snapshot-kernel-writes: read(2) from a pipe and recv(2) from a socket
+ * snapshot-kernel-writes: read(2) from a pipe and pread(2) from a file
  * into pages the copier has not reached (the last 2 MiB chunk, while the
- * sink holds the copier on the first) succeed, go through the snapshot's
+ * sink holds the copier on every chunk) succeed, go through the snapshot's
  * fault handler, and the snapshot still holds the pages as they were.
+ * (recv(2) copies to user memory the same way; the guests have no sockets.)
  */
 static void t_kernel_writes(void)
 {
@@ -610,30 +610,32 @@ static void t_kernel_writes(void)
 	size_t pages = 2048, len = pages * psz;	/* 4 chunks of 2 MiB */
 	char *p = map(len, false), *buf = malloc(len), *orig = malloc(len);
 	char *rd = p + len - 4 * psz, *rv = p + len - 2 * psz;
+	char path[] = "/tmp/snapshot-kernel-writes-XXXXXX";
 	struct uffdwp_region r = { p, len };
 	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
 	struct uffdwp_snapshot_stats st = { 0 };
 	struct uffdwp_snapshot *s;
 	ssize_t nr = -2, nv = -2;
-	int pfd[2], sv[2], err, werr = -1, er = 0, ev = 0;
+	int pfd[2] = { -1, -1 }, ffd, err, werr = -1, er = 0, ev = 0;
 	uint64_t faults0 = 0;
 	struct collect c;
 	long bad = -1;
 
 	if (skip_no_wp(name))
 		return;
-	if (!p || !buf || !orig || pipe(pfd) ||
-	    socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+	ffd = mkstemp(path);
+	if (!p || !buf || !orig || ffd < 0 || pipe(pfd)) {
 		tap_fail(name, "setup: %s", strerror(errno));
-		return;
+		goto out;
 	}
+	unlink(path);
 	fill(p, len, 11);
 	memcpy(orig, p, len);
 	/* The data the system calls will write: 2 pages each. */
 	fill(buf, 4 * psz, 12);
-	if (write(pfd[1], buf, 2 * psz) != 2 * psz ||
-	    send(sv[1], buf + 2 * psz, 2 * psz, 0) != 2 * psz) {
-		tap_fail(name, "filling the pipe/socket: %s", strerror(errno));
+	if (write(pfd[1], buf, 2 * psz) != (ssize_t)(2 * psz) ||
+	    pwrite(ffd, buf + 2 * psz, 2 * psz, 0) != (ssize_t)(2 * psz)) {
+		tap_fail(name, "filling the pipe/file: %s", strerror(errno));
 		goto out;
 	}
 	collect_init(&c, buf, &r, 1);
@@ -648,7 +650,7 @@ static void t_kernel_writes(void)
 	faults0 = st.faults;
 	nr = read(pfd[0], rd, 2 * psz);
 	er = errno;
-	nv = recv(sv[0], rv, 2 * psz, MSG_WAITALL);
+	nv = pread(ffd, rv, 2 * psz, 0);
 	ev = errno;
 	uffdwp_snapshot_stats(s, &st);
 	werr = uffdwp_snapshot_wait(s, -1);
@@ -661,19 +663,22 @@ static void t_kernel_writes(void)
 		  bad < 0 && !memcmp(rd, orig, 2 * psz) &&
 		  !memcmp(rv, orig + 2 * psz, 2 * psz) &&
 		  st.faults >= faults0 + 4 && !st.user_mode_only, name,
-		  "read %zd (%s), recv %zd (%s), wait %d, snapshot first wrong byte %ld, faults %llu -> %llu (want +4), user_mode_only %d",
+		  "read %zd (%s), pread %zd (%s), wait %d, snapshot first wrong byte %ld, faults %llu -> %llu (want +4), user_mode_only %d",
 		  nr, nr < 0 ? strerror(er) : "ok", nv,
 		  nv < 0 ? strerror(ev) : "ok", werr, bad,
 		  (unsigned long long)faults0, (unsigned long long)st.faults,
 		  st.user_mode_only);
 out:
-	close(pfd[0]);
-	close(pfd[1]);
-	close(sv[0]);
-	close(sv[1]);
+	if (pfd[0] >= 0) {
+		close(pfd[0]);
+		close(pfd[1]);
+	}
+	if (ffd >= 0)
+		close(ffd);
 	free(buf);
 	free(orig);
-	munmap(p, len);
+	if (p)
+		munmap(p, len);
 }
 
 static void t_bad_input(void)
