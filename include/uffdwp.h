@@ -140,9 +140,11 @@ typedef int (*uffdwp_sink_fn)(void *arg, const void *addr, const void *data,
 			      size_t len);
 
 struct uffdwp_snapshot_opts {
-	/* Exactly one sink: SINK_FD >= 0 receives the regions' bytes one
+	/* Exactly one sink: SINK_FD > 0 receives the regions' bytes one
 	 * after the other in address order (write(2), no header), or SINK
-	 * is called.  Set SINK_FD to -1 when using SINK. */
+	 * is called.  Set SINK_FD to -1 when using SINK.  Descriptor 0 is
+	 * refused (-EINVAL), so that a zero-filled struct is invalid rather
+	 * than a snapshot written to standard input; dup(2) it if needed. */
 	int sink_fd;
 	uffdwp_sink_fn sink;
 	void *sink_arg;

@@ -386,7 +386,9 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	if (!out || !opts || (opts->flags & ~SNAP_FLAGS) ||
 	    (opts->flags & UFFDWP_SNAP_KERNEL_FAULTS &&
 	     opts->flags & UFFDWP_SNAP_USER_MODE_ONLY) ||
-	    (opts->sink_fd >= 0) == (opts->sink != NULL))
+	    (opts->sink_fd >= 0) == (opts->sink != NULL) ||
+	    /* a zero-filled struct must not stream memory to stdin */
+	    opts->sink_fd == 0)
 		return -EINVAL;
 	*out = NULL;
 	self_len = (sizeof(*s) + psz - 1) / psz * psz;

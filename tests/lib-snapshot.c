@@ -696,13 +696,14 @@ static void t_bad_input(void)
 		.flags = UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_USER_MODE_ONLY };
 	struct uffdwp_snapshot_opts reserved = { .sink_fd = 1,
 		.__reserved = { [7] = 1 } };
+	struct uffdwp_snapshot_opts zeroed = { 0 };
 	struct uffdwp_snapshot *s = NULL;
 	struct uffdwp_snapshot_stats st;
 	struct uffdio_register reg = {
 		.range = { (uintptr_t)p, 4 * psz },
 		.mode = UFFDIO_REGISTER_MODE_WP,
 	};
-	int e[14], fd, i = 0;
+	int e[15], fd, i = 0;
 
 	if (skip_no_wp("snapshot-bad-input") | skip_no_wp("snapshot-busy"))
 		return;
@@ -717,6 +718,7 @@ static void t_bad_input(void)
 	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &flags);
 	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &modes);
 	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &reserved);
+	e[i++] = uffdwp_snapshot_start(&s, &good, 1, &zeroed);
 	e[i++] = uffdwp_snapshot_start(&s, &good, 1, NULL);
 	e[i++] = uffdwp_snapshot_wait(NULL, 0) == -EINVAL &&
 		 uffdwp_snapshot_cancel(NULL) == -EINVAL &&
@@ -726,9 +728,9 @@ static void t_bad_input(void)
 	for (int k = 0; k < i; k++)
 		ok &= e[k] == -EINVAL;
 	tap_check(ok, "snapshot-bad-input",
-		  "results %d %d %d %d %d %d %d %d %d %d %d %d %d (all must be -EINVAL)",
+		  "results %d %d %d %d %d %d %d %d %d %d %d %d %d %d (all must be -EINVAL)",
 		  e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10],
-		  e[11], e[12]);
+		  e[11], e[12], e[13]);
 
 	/* A region another userfaultfd owns. */
 	fd = uffdwp_open(0, UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
