@@ -32,16 +32,4 @@ for fn in $fns; do
 done
 [ -z "$missing" ] && results+=("ok man/every-function-has-a-page") ||
 	results+=("not ok man/every-function-has-a-page # no page for:$missing")
-{
-	echo "TAP version 13"
-	echo "1..${#results[@]}"
-	i=0
-	for r in "${results[@]}"; do
-		i=$((i + 1))
-		case $r in
-		"not ok "*) echo "not ok $i ${r#not ok }" ;;
-		*) echo "ok $i ${r#ok }" ;;
-		esac
-	done
-} >"$out"
-! grep -q '^not ok' "$out"
+write_tap "$out" "${results[@]}"

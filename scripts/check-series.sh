@@ -23,16 +23,4 @@ while read -r p; do
 		results+=("not ok series/checkpatch-$name # $errors error(s): $(grep ': ERROR:' <<<"$report" | head -1)")
 	fi
 done < <(series_patches "$series")
-{
-	echo "TAP version 13"
-	echo "1..${#results[@]}"
-	i=0
-	for r in "${results[@]}"; do
-		i=$((i + 1))
-		case $r in
-		"not ok "*) echo "not ok $i ${r#not ok }" ;;
-		*) echo "ok $i ${r#ok }" ;;
-		esac
-	done
-} >"$out"
-! grep -q '^not ok' "$out"
+write_tap "$out" "${results[@]}"

@@ -47,19 +47,6 @@ if [ -f "${debs[0]}" ]; then
 		fi
 	done
 fi
-if [ -n "$out" ]; then
-	{
-		echo "TAP version 13"
-		echo "1..${#results[@]}"
-		i=0
-		for r in "${results[@]}"; do
-			i=$((i + 1))
-			case $r in
-			"not ok "*) echo "not ok $i ${r#not ok }" ;;
-			*) echo "ok $i ${r#ok }" ;;
-			esac
-		done
-	} >"$out"
-fi
+[ -z "$out" ] || write_tap "$out" "${results[@]}" || true
 printf '%s\n' "${results[@]}"
 ! printf '%s\n' "${results[@]}" | grep -q '^not ok'

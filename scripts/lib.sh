@@ -76,6 +76,25 @@ check_fragments() {
 	return $bad
 }
 
+# write_tap OUT RESULT...: write RESULTs ("ok NAME # note" or "not ok NAME #
+# why") as a TAP file, numbered; status 1 when one is "not ok".
+write_tap() {
+	local out=$1 i=0 r
+	shift
+	{
+		echo "TAP version 13"
+		echo "1..$#"
+		for r in "$@"; do
+			i=$((i + 1))
+			case $r in
+			"not ok "*) echo "not ok $i ${r#not ok }" ;;
+			*) echo "ok $i ${r#ok }" ;;
+			esac
+		done
+	} >"$out"
+	! grep -q '^not ok' "$out"
+}
+
 # tap_totals TAP...: the line "N passed, N failed, N skipped" over the
 # files (an "ok ... # SKIP" is a skip); status 1 when something failed.
 tap_totals() {

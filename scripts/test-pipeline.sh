@@ -115,16 +115,4 @@ for pkg in rsync kmod cpio ccache flex bison bc file qemu-system-x86 qemu-system
 done
 [ -z "$pkg" ] || results+=("ok pipeline/deps-complete")
 
-{
-	echo "TAP version 13"
-	echo "1..${#results[@]}"
-	i=0
-	for r in "${results[@]}"; do
-		i=$((i + 1))
-		case $r in
-		"not ok "*) echo "not ok $i ${r#not ok }" ;;
-		*) echo "ok $i ${r#ok }" ;;
-		esac
-	done
-} >"$out"
-! grep -q '^not ok' "$out"
+write_tap "$out" "${results[@]}"
