@@ -268,6 +268,28 @@ static bool contents_ok(const char *p, unsigned int written, char *why,
 	return true;
 }
 
+/*
+ * Write page FIRST and every STEP-th page after it through
+ * write_held_until_resolved(), then check that the area holds exactly
+ * those writes.  False with WHY (naming the page) on the first problem.
+ */
+static bool writes_held(int uffd, char *p, int first, int step, bool *stuck,
+			char *why, size_t wlen)
+{
+	char what[200];
+	unsigned int written = 0;
+
+	for (int i = first; i < NR_PAGES; i += step) {
+		if (!write_held_until_resolved(uffd, p + i * psz, FILL, 'a' + i,
+					       stuck, what, sizeof(what))) {
+			snprintf(why, wlen, "page %d: %s", i, what);
+			return false;
+		}
+		written |= 1u << i;
+	}
+	return contents_ok(p, written, why, wlen);
+}
+
 static void release(char *p, int uffd, bool stuck)
 {
 	if (uffd >= 0)
@@ -292,13 +314,7 @@ static void case_merge_sync(void)
 		goto out;
 	ok = !pages_without_wp(p, why2, sizeof(why2));
 	tap_check(ok, "ksm-merge-keeps-wp-bit", "%s", why2);
-	for (int i = 0; i < NR_PAGES; i++)
-		if (!write_held_until_resolved(uffd, p + i * psz, FILL, 'a' + i,
-					       &stuck, why2, sizeof(why2))) {
-			tap_fail("ksm-merge-sync-write-faults", "page %d: %s", i, why2);
-			goto done;
-		}
-	tap_check(contents_ok(p, 0xff, why2, sizeof(why2)),
+	tap_check(writes_held(uffd, p, 0, 1, &stuck, why2, sizeof(why2)),
 		  "ksm-merge-sync-write-faults", "%s", why2);
 	goto done;
 out:
@@ -430,11 +446,7 @@ static void case_protect_merged(void)
 	if (pages_on_one_frame(p) != NR_PAGES)
 		FAIL("protecting unmerged the pages (%d of %d share a frame)",
 		     pages_on_one_frame(p), NR_PAGES);
-	for (int i = 0; i < NR_PAGES; i += 3)
-		if (!write_held_until_resolved(uffd, p + i * psz, FILL, 'a' + i,
-					       &stuck, why, sizeof(why)))
-			goto out;
-	if (!contents_ok(p, 1 << 0 | 1 << 3 | 1 << 6, why, sizeof(why)))
+	if (!writes_held(uffd, p, 0, 3, &stuck, why, sizeof(why)))
 		goto out;
 	tap_pass(name);
 	goto done;
@@ -467,11 +479,7 @@ static void case_unmerge(void)
 		     shared);
 	if (pages_without_wp(p, why, sizeof(why)))
 		goto out;
-	for (int i = 1; i < NR_PAGES; i += 3)
-		if (!write_held_until_resolved(uffd, p + i * psz, FILL, 'a' + i,
-					       &stuck, why, sizeof(why)))
-			goto out;
-	if (!contents_ok(p, 1 << 1 | 1 << 4 | 1 << 7, why, sizeof(why)))
+	if (!writes_held(uffd, p, 1, 3, &stuck, why, sizeof(why)))
 		goto out;
 	tap_pass(name);
 	goto done;
