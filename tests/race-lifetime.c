@@ -6,11 +6,16 @@
  *  - UNREGISTER of a MISSING|WP range with writers blocked in WP faults
  *    wakes them (userfaultfd_unregister() wakes MISSING ranges): every write
  *    completes, is visible, and no uffd-wp bit is left.
- *  - UNREGISTER of a WP-only range with writers blocked: the kernel does not
- *    wake WP-only ranges, so each write either completed or is still pending
- *    -- never lost -- and every pending one completes after UFFDIO_WAKE (the
- *    range is no longer registered, WAKE needs no registration).  How many
- *    needed the WAKE is printed.
+ *  - UNREGISTER of a MISSING|WP range while a reader starts faulting on it:
+ *    once UNREGISTER returns, no fault of the range may be pending (the
+ *    monitor could only answer it with -ENOENT) and the reader runs on.  A
+ *    fault handled under the per-VMA lock could queue itself between the
+ *    wakeup and the clearing of the range (kernel/patches: "userfaultfd:
+ *    wake pending faults after unregistering a range, not before").
+ *  - UNREGISTER of a WP-only range with writers blocked, and of a minor-only
+ *    shmem range with a reader blocked: they run on without UFFDIO_WAKE
+ *    (kernel/patches: "userfaultfd: wake write-protect and minor faults on
+ *    unregister as well"; before it only MISSING ranges were woken).
  *  - close() of the uffd with writers blocked: release wakes them all.
  *  - close() while a resolver thread is answering faults of writers that
  *    keep writing: every writer finishes all its writes.
@@ -213,47 +218,192 @@ static bool unregister_missing_wp(char *why)
 	return true;
 }
 
+/*
+ * UNREGISTER of a MISSING|WP range whose first part is populated and
+ * write-protected (clearing its uffd-wp bits takes a while) while a reader
+ * starts reading the unpopulated rest: each fault the reader raises before
+ * the range is gone must be woken, and none may be left pending.
+ */
+#define REFAULT_PROTECTED	2048	/* pages */
+#define REFAULT_PAGES		32
+#define REFAULT_ROUNDS		40
+
+struct reader {
+	pthread_t thread;
+	volatile char *mem;
+	volatile int go, done;
+};
+
+static void *reader_main(void *arg)
+{
+	struct reader *r = arg;
+
+	while (!__atomic_load_n(&r->go, __ATOMIC_SEQ_CST))
+		;
+	for (int i = 0; i < REFAULT_PAGES; i++)
+		(void)r->mem[(long)i * psz];
+	__atomic_store_n(&r->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static bool refault_round(int round, char *why)
+{
+	size_t len = (REFAULT_PROTECTED + REFAULT_PAGES) * psz;
+	size_t prot = REFAULT_PROTECTED * psz;
+	struct reader r = { 0 };
+	struct uffd_msg m;
+	bool ok = true, started = false;
+	int uffd, err;
+	char *mem;
+
+	mem = map_anon_aligned(len, psz);
+	if (!mem)
+		return fail(why, "mmap: %s", strerror(errno));
+	memset(mem, 1, prot);
+	uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL);
+	if (uffd < 0) {
+		munmap(mem, len);
+		return fail(why, "userfaultfd: %s", strerror(-uffd));
+	}
+	err = uffd_register(uffd, mem, len, UFFDIO_REGISTER_MODE_MISSING |
+			    UFFDIO_REGISTER_MODE_WP, NULL);
+	if (!err)
+		err = uffd_wp(uffd, mem, prot, UFFDIO_WRITEPROTECT_MODE_WP);
+	if (err)
+		ok = fail(why, "register/protect: %s", strerror(-err));
+	r.mem = mem + prot;
+	if (ok && pthread_create(&r.thread, NULL, reader_main, &r))
+		ok = fail(why, "pthread_create failed");
+	started = ok;
+	if (ok) {
+		__atomic_store_n(&r.go, 1, __ATOMIC_SEQ_CST);
+		err = uffd_unregister(uffd, mem, len);
+		if (err)
+			ok = fail(why, "unregister: %s", strerror(-err));
+	}
+	if (ok && uffd_read_msg(uffd, &m, 0) == 1)
+		ok = fail(why, "round %d: a fault (event %#x, page %ld of the "
+			  "unpopulated part) is pending after UNREGISTER "
+			  "returned", round, m.event,
+			  (long)((char *)(uintptr_t)m.arg.pagefault.address -
+				 (mem + prot)) / psz);
+	if (ok) {
+		long long end = now_ms() + WAIT_MS;
+
+		while (!__atomic_load_n(&r.done, __ATOMIC_SEQ_CST) &&
+		       now_ms() < end)
+			usleep(1000);
+		if (!r.done)
+			ok = fail(why, "round %d: the reader is still blocked "
+				  "after UNREGISTER", round);
+	}
+	/* Whatever happened, let the reader finish before freeing. */
+	uffd_wake(uffd, mem, len);
+	close(uffd);
+	if (started)
+		pthread_join(r.thread, NULL);
+	munmap(mem, len);
+	return ok;
+}
+
+static bool unregister_vs_refault(char *why)
+{
+	for (int round = 0; round < REFAULT_ROUNDS; round++)
+		if (!refault_round(round, why))
+			return false;
+	return true;
+}
+
 static bool unregister_wp_only(char *why)
 {
-	int needed_wake = 0;
-
 	for (int it = 0; it < ITERS; it++) {
 		struct blocked b = { .uffd = -1 };
 		bool ok = block_writers(&b, UFFDIO_REGISTER_MODE_WP, it, why);
-		int err, done;
+		int err;
 
 		if (ok) {
 			err = uffd_unregister(b.uffd, b.mem, NW * psz);
 			if (err)
 				ok = fail(why, "unregister: %s", strerror(-err));
-		}
-		if (ok) {
-			usleep(100 * 1000);
-			done = done_count(b.w, NW);
-			needed_wake += NW - done;
-			/* A pending write must not have landed. */
-			for (int i = 0; i < NW && ok; i++)
-				if (!b.w[i].done && *b.w[i].word)
-					ok = fail(why, "page %d changed while its "
-						  "writer is still blocked", i);
-			err = uffd_wake(b.uffd, b.mem, NW * psz);
-			if (ok && err)
-				ok = fail(why, "UFFDIO_WAKE after UNREGISTER: %s",
-					  strerror(-err));
-			if (ok && !wait_all(b.w, NW, WAIT_MS))
-				ok = fail(why, "iteration %d: writers still "
-					  "blocked after UNREGISTER and WAKE", it);
-			if (ok)
+			else if (!wait_all(b.w, NW, WAIT_MS))
+				ok = fail(why, "iteration %d: %d of %d writers "
+					  "still blocked after UNREGISTER of "
+					  "their WP-only range", it,
+					  NW - done_count(b.w, NW), NW);
+			else
 				ok = writes_visible(&b, why);
 		}
 		unblock_and_free(&b);
 		if (!ok)
 			return false;
 	}
-	tap_diag("unregister-wp-only: %d of %d blocked writers needed "
-		 "UFFDIO_WAKE after UNREGISTER (WP-only ranges are not woken)",
-		 needed_wake, ITERS * NW);
 	return true;
+}
+
+/*
+ * A reader blocked in a minor fault on a shmem mapping registered for minor
+ * faults only runs on once the range is unregistered.
+ */
+static bool unregister_minor(char *why)
+{
+	struct one_write r = { 0 };
+	struct uffd_msg m;
+	char *mem = MAP_FAILED, *alias = MAP_FAILED;
+	int fd, uffd = -1, err;
+	bool ok = true, started = false;
+
+	fd = memfd_create("race-lifetime-minor", 0);
+	if (fd < 0 || ftruncate(fd, psz))
+		return fail(why, "memfd: %s", strerror(errno));
+	mem = mmap(NULL, psz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	alias = mmap(NULL, psz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (mem == MAP_FAILED || alias == MAP_FAILED)
+		ok = fail(why, "mmap: %s", strerror(errno));
+	if (ok) {
+		/* In the page cache, not mapped at mem: a minor fault. */
+		memset(alias, 7, psz);
+		uffd = uffd_open(UFFD_FEATURE_MINOR_SHMEM, NULL);
+		if (uffd < 0)
+			ok = fail(why, "userfaultfd: %s", strerror(-uffd));
+	}
+	if (ok && (err = uffd_register(uffd, mem, psz,
+				       UFFDIO_REGISTER_MODE_MINOR, NULL)))
+		ok = fail(why, "register: %s", strerror(-err));
+	/* The "writer" stores what the page already holds: a read fault. */
+	r.word = (uint64_t *)mem;
+	r.val = 0x0707070707070707ULL;
+	if (ok && pthread_create(&r.thread, NULL, one_write_main, &r))
+		ok = fail(why, "pthread_create failed");
+	started = ok;
+	if (ok && uffd_read_msg(uffd, &m, WAIT_MS) != 1)
+		ok = fail(why, "no minor fault reported");
+	else if (ok && (m.event != UFFD_EVENT_PAGEFAULT ||
+			!(m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_MINOR)))
+		ok = fail(why, "unexpected message event %#x flags %#llx",
+			  m.event, (unsigned long long)m.arg.pagefault.flags);
+	if (ok && r.done)
+		ok = fail(why, "the access completed while its minor fault "
+			  "was pending");
+	if (ok && (err = uffd_unregister(uffd, mem, psz)))
+		ok = fail(why, "unregister: %s", strerror(-err));
+	if (ok && !wait_all(&r, 1, WAIT_MS))
+		ok = fail(why, "the faulting thread is still blocked after "
+			  "UNREGISTER of its minor-only range");
+	if (ok && *(uint64_t *)alias != r.val)
+		ok = fail(why, "the page holds %#" PRIx64 " after the store",
+			  *(uint64_t *)alias);
+	if (uffd >= 0) {
+		uffd_wake(uffd, mem, psz);
+		close(uffd);
+	}
+	if (started)
+		pthread_join(r.thread, NULL);
+	if (mem != MAP_FAILED)
+		munmap(mem, psz);
+	if (alias != MAP_FAILED)
+		munmap(alias, psz);
+	close(fd);
+	return ok;
 }
 
 static bool close_blocked(char *why)
@@ -562,13 +712,20 @@ int main(void)
 
 	psz = page_size();
 	watchdog(240);
-	tap_plan(6);
+	tap_plan(8);
 	fd = uffd_open(0, &got);
 	if (fd < 0)
 		tap_bail("userfaultfd: %s", strerror(-fd));
 	close(fd);
 	run("lifetime-unregister-wakes-missing-wp", unregister_missing_wp);
-	run("lifetime-unregister-wp-only-no-lost-write", unregister_wp_only);
+	run("lifetime-unregister-no-fault-pending-after",
+	    unregister_vs_refault);
+	run("lifetime-unregister-wakes-wp-only", unregister_wp_only);
+	if (got & UFFD_FEATURE_MINOR_SHMEM)
+		run("lifetime-unregister-wakes-minor", unregister_minor);
+	else
+		tap_skip("lifetime-unregister-wakes-minor",
+			 "kernel does not report UFFD_FEATURE_MINOR_SHMEM");
 	run("lifetime-close-wakes-blocked-writers", close_blocked);
 	run("lifetime-close-vs-busy-resolver", close_vs_resolver);
 	run("lifetime-reregister-without-wp-clears-bits",
