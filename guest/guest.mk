@@ -47,6 +47,9 @@ ST_CFLAGS := -O2 -Wall -U_FORTIFY_SOURCE -static -pthread -I $(KSRC) \
 	     -isystem $(UAPI)/include -isystem $(KSRC)/tools/include/uapi \
 	     -Wno-maybe-uninitialized -fmacro-prefix-map=$(ST)/=
 ST_PROGS := uffd-unit-tests uffd-stress pagemap_ioctl ksm_functional_tests
+# The ring's own kselftest comes with kernel/patches; a tree without the
+# series (the mutant and base lanes) has none.
+ST_PROGS += $(if $(wildcard $(ST)/uffd-wp-ring.c),uffd-wp-ring)
 SELFTESTS := $(if $(KSRC),$(patsubst %,$(OUT)/bin/%,$(ST_PROGS)))
 
 all: $(OURS) $(SELFTESTS)
@@ -103,7 +106,7 @@ $(OUT)/bin/uffd-unit-tests $(OUT)/bin/uffd-stress: $(OUT)/bin/%: $(ST)/%.c $(ST)
 	@mkdir -p $(dir $@)
 	$(CC) $(ST_CFLAGS) -o $@ $^ $(ST)/vm_util.c $(ST)/thp_settings.c -lrt -lm
 
-$(OUT)/bin/pagemap_ioctl $(OUT)/bin/ksm_functional_tests: $(OUT)/bin/%: $(ST)/%.c
+$(OUT)/bin/pagemap_ioctl $(OUT)/bin/ksm_functional_tests $(OUT)/bin/uffd-wp-ring: $(OUT)/bin/%: $(ST)/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ST_CFLAGS) -o $@ $^ $(ST)/vm_util.c $(ST)/thp_settings.c -lrt -lm
 
