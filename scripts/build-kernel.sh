@@ -72,6 +72,12 @@ check_fragments "$slot/obj/.config" "${frags[@]}" ||
 	die "lane $LANE: config fragment options were not applied (see above; $obj/config.log)"
 
 step "kernel $LANE: building in $slot for $obj"
+# Objects compiled since the build started, for the progress lines.  make
+# creates and deletes temporary files while find walks the tree, and find
+# then exits 1: a progress count must never stop the build.
+count_built() {
+	{ find "$slot/obj" -name '*.o' -newer "$obj/.build-start" 2>/dev/null || true; } | wc -l
+}
 log=$obj/build.log
 start=$(date +%s)
 touch "$obj/.build-start"
@@ -80,7 +86,7 @@ pid=$!
 while kill -0 $pid 2>/dev/null; do
 	sleep 15
 	kill -0 $pid 2>/dev/null || break
-	n=$(find "$slot/obj" -name '*.o' -newer "$obj/.build-start" 2>/dev/null | wc -l)
+	n=$(count_built)
 	step "kernel $LANE: building, $n objects (re)compiled so far, $(($(date +%s) - start))s"
 done
 if ! wait $pid; then
@@ -88,7 +94,7 @@ if ! wait $pid; then
 	tail -n 40 "$log" | sed 's/^/  | /' >&2
 	die "kernel $LANE: build failed (full log: $log)"
 fi
-n=$(find "$slot/obj" -name '*.o' -newer "$obj/.build-start" 2>/dev/null | wc -l)
+n=$(count_built)
 rm -f "$obj/.build-start"
 [ -f "$slot/obj/$KERNEL_IMAGE" ] || die "kernel $LANE: no $KERNEL_IMAGE after the build"
 logged "$log" "kernel $LANE: make headers_install" "${kmake[@]}" headers_install INSTALL_HDR_PATH="$obj/uapi"
