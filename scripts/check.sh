@@ -25,7 +25,7 @@ taps=("$results/pipeline.tap" "$results/abi.tap" "$results/man.tap" "$results/de
       "$results/series.tap")
 for lane in "$@"; do
 	load_lane "$lane" >/dev/null
-	rm -f "$results/$lane.tap" "$results/$lane.console"
+	rm -f "$results/$lane.tap" "$results/$lane.console" "$results/$lane.clock-jump.console"
 	step "lane $lane"
 	if ! "$TOP/scripts/lane.sh" check "$lane" && [ ! -s "$results/$lane.tap" ]; then
 		printf 'TAP version 13\n1..1\nnot ok 1 kernel/build # lane %s did not get to boot (see above)\n' \

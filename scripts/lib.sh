@@ -176,3 +176,12 @@ slot_checkout() {
 	fi
 	mkdir -p "$slot/obj"
 }
+
+# guest_clock_ahead CONSOLE HOST_S: by how many seconds the last kernel
+# timestamp in CONSOLE exceeds HOST_S, the host's wall time for the boot
+# (0 if it does not).
+guest_clock_ahead() {
+	awk -v host="$2" 'match($0, /^\[ *[0-9]+\.[0-9]+\]/) {
+		t = substr($0, RSTART + 1, RLENGTH - 2) + 0; if (t > max) max = t }
+		END { d = int(max - host); print (d > 0 ? d : 0) }' "$1"
+}

@@ -115,4 +115,17 @@ for pkg in rsync kmod cpio ccache flex bison bc file qemu-system-x86 qemu-system
 done
 [ -z "$pkg" ] || results+=("ok pipeline/deps-complete")
 
+# 7. A guest clock far ahead of the host's wall time (the host's TSC moved
+#    under QEMU, as when the CI machine was migrated mid-run) is told from
+#    a normal console, whose kernel timestamps stay below it.
+printf '[    0.000000] Linux version\nx [  99.5] not at a line start\n[  170.250000] last line\n' >"$tmp/calm.console"
+printf '[    0.000000] Linux version\n[125536.798464] rcu: INFO: rcu_sched detected stalls\n' >"$tmp/jump.console"
+calm=$(guest_clock_ahead "$tmp/calm.console" 183)
+jump=$(guest_clock_ahead "$tmp/jump.console" 183)
+if [ "$calm" = 0 ] && [ "$jump" = 125353 ]; then
+	results+=("ok pipeline/guest-clock-jump-detected")
+else
+	results+=("not ok pipeline/guest-clock-jump-detected # ahead: calm console $calm (want 0), jumped console $jump (want 125353)")
+fi
+
 write_tap "$out" "${results[@]}"
