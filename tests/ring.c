@@ -32,25 +32,6 @@
 
 static long psz;
 
-/* A tracked area: registered for WP on R's uffd and protected. */
-static char *track(struct uring_view *r, size_t npages, bool populate)
-{
-	char *p = mmap(NULL, npages * psz, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-
-	if (p == MAP_FAILED)
-		return NULL;
-	if (populate)
-		memset(p, 1, npages * psz);
-	if (uffd_register(r->uffd, p, npages * psz, UFFDIO_REGISTER_MODE_WP,
-			  NULL) ||
-	    uffd_wp(r->uffd, p, npages * psz, UFFDIO_WRITEPROTECT_MODE_WP)) {
-		munmap(p, npages * psz);
-		return NULL;
-	}
-	return p;
-}
-
 /* Harvest [consumer, producer) into SEEN (one counter per page of the
  * area at BASE) and reset; returns entries read or -errno. */
 static long harvest(struct uring_view *r, char *base, size_t npages,
@@ -407,7 +388,7 @@ static void case_logging(void)
 		return;
 	}
 	err = ring_open(&r, 1024, 0);
-	p = err ? NULL : track(&r, NPAGES, true);
+	p = err ? NULL : ring_track(&r, NPAGES, true);
 	if (!p)
 		tap_bail("ring_open/track: %d", err);
 	/* Every third page, twice: one entry per page. */
@@ -468,7 +449,7 @@ static void case_reset_across_tables(void)
 
 	if (!need_ring(name))
 		return;
-	if (ring_open(&r, 1024, 0) || !(p = track(&r, TBL_PAGES, true)))
+	if (ring_open(&r, 1024, 0) || !(p = ring_track(&r, TBL_PAGES, true)))
 		tap_bail("ring_open/track");
 	memset(order, -1, sizeof(order));
 	for (i = 0; i < TBL_WRITTEN; i++) {
@@ -516,7 +497,7 @@ static void case_reset_bad(void)
 
 	if (!need_ring("reset-bad-input"))
 		return;
-	if (ring_open(&r, 64, 0) || !(p = track(&r, 4, true)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 4, true)))
 		tap_bail("ring_open/track");
 	p[0] = 1;
 	p[psz] = 1;
@@ -574,7 +555,7 @@ static void case_overflow(void)
 		tap_fail("overflow-recovery", "no ring");
 		return;
 	}
-	if (ring_open(&r, 64, 0) || !(p = track(&r, NPAGES, true)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, NPAGES, true)))
 		tap_bail("ring_open/track");
 	set.base = p;
 	for (i = 0; i < wrote; i++)
@@ -674,7 +655,7 @@ static void case_multithread(void)
 
 	if (!need_ring(name))
 		return;
-	if (ring_open(&r, MT_RING, 0) || !(s.p = track(&r, MT_PAGES, true)))
+	if (ring_open(&r, MT_RING, 0) || !(s.p = ring_track(&r, MT_PAGES, true)))
 		tap_bail("ring_open/track");
 	s.shadow = malloc((size_t)MT_PAGES * psz);
 	memcpy(s.shadow, s.p, (size_t)MT_PAGES * psz);
@@ -746,7 +727,7 @@ static void case_unpopulated(void)
 
 	if (!need_ring(name))
 		return;
-	if (ring_open(&r, 64, 0) || !(p = track(&r, 16, false)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 16, false)))
 		tap_bail("ring_open/track");
 	p[3 * psz] = 1;
 	p[3 * psz + 10] = 2;
@@ -851,7 +832,7 @@ static void case_unmapped_and_unregistered(void)
 		tap_fail("unregister-stops-logging", "no ring");
 		return;
 	}
-	if (ring_open(&r, 64, 0) || !(p = track(&r, 8, true)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 8, true)))
 		tap_bail("ring_open/track");
 	p[0] = 1;
 	p[2 * psz] = 1;
@@ -883,7 +864,7 @@ static void case_dontneed(void)
 
 	if (!need_ring(name))
 		return;
-	if (ring_open(&r, 64, 0) || !(p = track(&r, 4, true)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 4, true)))
 		tap_bail("ring_open/track");
 	/* MADV_DONTNEED drops a protected anonymous page with its
 	 * protection: it reads as zero from now on, so the ring logs it as
@@ -917,7 +898,7 @@ static void case_fork(void)
 
 	if (!need_ring(name))
 		return;
-	if (ring_open(&r, 64, 0) || !(p = track(&r, 8, true)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 8, true)))
 		tap_bail("ring_open/track");
 	p[0] = 1;
 	pid = fork();
@@ -954,7 +935,7 @@ static void case_close_inflight(void)
 
 	if (!need_ring(name))
 		return;
-	if (ring_open(&r, 64, 0) || !(p = track(&r, MT_PAGES, true)))
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, MT_PAGES, true)))
 		tap_bail("ring_open/track");
 	for (t = 0; t < 2; t++) {
 		w[t] = (struct mt_writer){ .base = (uint64_t *)p, .first = t,

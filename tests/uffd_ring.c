@@ -7,6 +7,7 @@
 #include <linux/fs.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -61,6 +62,24 @@ void ring_close(struct uring_view *r)
 		close(r->uffd);
 	r->hdr = NULL;
 	r->uffd = -1;
+}
+
+char *ring_track(struct uring_view *r, size_t npages, bool populate)
+{
+	size_t len = npages * page_size();
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	if (populate)
+		memset(p, 1, len);
+	if (uffd_register(r->uffd, p, len, UFFDIO_REGISTER_MODE_WP, NULL) ||
+	    uffd_wp(r->uffd, p, len, UFFDIO_WRITEPROTECT_MODE_WP)) {
+		munmap(p, len);
+		return NULL;
+	}
+	return p;
 }
 
 uint64_t ring_producer(const struct uring_view *r)

@@ -67,6 +67,13 @@ bool ring_supported(void);
 int ring_open(struct uring_view *r, uint64_t entries, uint64_t extra);
 void ring_close(struct uring_view *r);
 
+/*
+ * Map NPAGES of private anonymous memory, fill them first if POPULATE,
+ * register them for WP on R's uffd and write-protect them.  The area or
+ * NULL.
+ */
+char *ring_track(struct uring_view *r, size_t npages, bool populate);
+
 /* The producer index, read with acquire semantics. */
 uint64_t ring_producer(const struct uring_view *r);
 bool ring_overflowed(const struct uring_view *r);

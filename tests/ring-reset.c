@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * ring-reset: what UFFDIO_RING_RESET promises besides re-protecting pages
+ * (kernel/patches "userfaultfd: make UFFDIO_RING_RESET killable and
+ * mmap_changing aware" and "userfaultfd: notify and count only the PTEs a
+ * ring reset changes").
+ *
+ *  - reset-counts-changed-pages: @reprotected counts the pages whose
+ *    protection the reset changed; a second entry for a page, or an entry
+ *    whose page UFFDIO_WRITEPROTECT protected since, counts nothing.
+ *  - reset-eagain-while-event-pending: while a UFFD_EVENT_REMAP is queued
+ *    and unread the reset fails with EAGAIN, as UFFDIO_WRITEPROTECT does,
+ *    and leaves the consumer index and the pages alone; once the event is
+ *    read it succeeds.
+ *  - reset-killable: a process killed in the middle of a long reset dies
+ *    there; the consumer index says how far it got.
+ *  - reset-resumes-after-kill: a reset from that index finishes the job.
+ *
+ * The first three fail on the series without those two patches, whose reset
+ * counts every entry, ignores pending events, and runs to its end under one
+ * mmap lock whatever signal comes; the fourth passes there, as the reset it
+ * resumes has finished.
+ */
+#define _GNU_SOURCE
+#include "tap.h"
+#include "uffd_ring.h"
+#include "uffd_util.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static long psz;
+
+static uint64_t header_consumer(const struct uring_view *r)
+{
+	return __atomic_load_n(&r->hdr->consumer, __ATOMIC_ACQUIRE);
+}
+
+static void case_counts_changed(void)
+{
+	const char *name = "reset-counts-changed-pages";
+	uint64_t rep = 99, prod;
+	struct uring_view r;
+	int err, unprot = 0;
+	char *p;
+
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 8, true))) {
+		tap_fail(name, "ring_open/ring_track failed");
+		return;
+	}
+	p[0] = 2;				/* entry 0: page 0 */
+	p[psz] = 2;				/* entry 1: page 1 */
+	p[2 * psz] = 2;				/* entry 2: page 2 */
+	uffd_wp(r.uffd, p + psz, psz, UFFDIO_WRITEPROTECT_MODE_WP);
+	p[psz + 1] = 3;				/* entry 3: page 1 again */
+	/* Page 2 protected by hand: its entry has nothing left to do. */
+	uffd_wp(r.uffd, p + 2 * psz, psz, UFFDIO_WRITEPROTECT_MODE_WP);
+	prod = ring_producer(&r);
+	err = ring_reset(&r, prod, 0, &rep);
+	for (int i = 0; i < 8; i++)
+		unprot += !page_wp(p + i * psz);
+	tap_check(prod == 4 && !err && rep == 2 && !unprot, name,
+		  "4 entries for pages 0, 1, 2, 1 (page 2 protected since): producer %llu, reset %d, reprotected %llu (want 2), %d pages left unprotected",
+		  (unsigned long long)prod, err, (unsigned long long)rep,
+		  unprot);
+	ring_close(&r);
+	munmap(p, 8 * psz);
+}
+
+struct remapper {
+	pthread_t t;
+	char *from, *to;
+	size_t len;
+	void *ret;
+};
+
+static void *do_mremap(void *arg)
+{
+	struct remapper *m = arg;
+
+	m->ret = mremap(m->from, m->len, m->len,
+			MREMAP_MAYMOVE | MREMAP_FIXED, m->to);
+	return NULL;
+}
+
+static void case_eagain(void)
+{
+	const char *name = "reset-eagain-while-event-pending";
+	struct remapper m = { .len = 4 * (size_t)psz };
+	struct pollfd pfd;
+	struct uffd_msg msg;
+	struct uring_view r;
+	uint64_t rep = 0, prod, cons;
+	int err, err2 = -1, got = 0, wp_during = 0, unprot = 0;
+	char *p;
+
+	if (ring_open(&r, 64, UFFD_FEATURE_EVENT_REMAP) ||
+	    !(p = ring_track(&r, 8, true)) ||
+	    !(m.from = ring_track(&r, 4, true))) {
+		tap_fail(name, "ring_open/ring_track failed");
+		return;
+	}
+	m.to = mmap(NULL, m.len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+		    0);
+	if (m.to == MAP_FAILED) {
+		tap_fail(name, "mmap: %s", strerror(errno));
+		return;
+	}
+	for (int i = 0; i < 8; i++)
+		p[i * psz] = 5;
+	prod = ring_producer(&r);
+	/* mremap() of the second area waits in the kernel until the remap
+	 * event is read; the uffd turns readable once it is queued. */
+	pthread_create(&m.t, NULL, do_mremap, &m);
+	pfd = (struct pollfd){ .fd = r.uffd, .events = POLLIN };
+	if (poll(&pfd, 1, 20000) != 1) {
+		tap_fail(name, "no remap event within 20 s");
+		pthread_join(m.t, NULL);
+		return;
+	}
+	err = ring_reset(&r, prod, 0, &rep);
+	cons = header_consumer(&r);
+	for (int i = 0; i < 8; i++)
+		wp_during += page_wp(p + i * psz);
+	got = uffd_read_msg(r.uffd, &msg, 1000);
+	pthread_join(m.t, NULL);
+	if (got == 1 && msg.event == UFFD_EVENT_REMAP && err == -EAGAIN) {
+		err2 = ring_reset(&r, prod, UFFDIO_RING_RESET_CLEAR_OVERFLOW,
+				  &rep);
+		for (int i = 0; i < 8; i++)
+			unprot += !page_wp(p + i * psz);
+	}
+	tap_check(prod == 8 && err == -EAGAIN && cons == 0 && !wp_during &&
+		  got == 1 && msg.event == UFFD_EVENT_REMAP &&
+		  m.ret == m.to && !err2 && rep == 8 && !unprot, name,
+		  "8 entries; reset with the remap event unread gave %d (want -EAGAIN), consumer %llu, %d pages protected meanwhile; event read %d (type %#x), mremap %s; reset after it gave %d, reprotected %llu, %d pages unprotected",
+		  err, (unsigned long long)cons, wp_during, got,
+		  got == 1 ? msg.event : 0,
+		  m.ret == m.to ? "done" : "failed", err2,
+		  (unsigned long long)rep, unprot);
+	ring_close(&r);
+	munmap(p, 8 * psz);
+	munmap(m.to, m.len);
+}
+
+/*
+ * A long reset over the largest ring: KILL_PAGES pages written again and
+ * again, protected by hand between rounds, until the ring holds
+ * kill_entries entries (UFFD_RING_MAX_ENTRIES, 8192 reset steps; the first
+ * argument can make it smaller), and the pages are writable at the end.
+ */
+#define KILL_PAGES	16384
+static uint64_t kill_entries = UFFD_RING_MAX_ENTRIES;
+
+static void case_killable(void)
+{
+	const char *name = "reset-killable";
+	const char *resume = "reset-resumes-after-kill";
+	uint64_t prod, cons = 0, rep = 0, want;
+	long long t0, spin_ms;
+	struct uring_view r;
+	int status = 0, err, unprot = 0, lost = 0;
+	pid_t child, w = 0;
+	char *p;
+
+	if (ring_open(&r, kill_entries, 0) ||
+	    !(p = ring_track(&r, KILL_PAGES, true))) {
+		tap_fail(name, "ring_open/ring_track failed");
+		tap_fail(resume, "no ring");
+		return;
+	}
+	t0 = now_ms();
+	for (uint64_t round = 0; round < kill_entries / KILL_PAGES; round++) {
+		if (round)
+			uffd_wp(r.uffd, p, KILL_PAGES * psz,
+				UFFDIO_WRITEPROTECT_MODE_WP);
+		for (size_t i = 0; i < KILL_PAGES; i++)
+			p[i * psz] = (char)round;
+	}
+	prod = ring_producer(&r);
+	tap_diag("%s: %llu entries written in %lld ms", name,
+		 (unsigned long long)prod, now_ms() - t0);
+	if (prod != kill_entries || ring_overflowed(&r)) {
+		tap_fail(name, "filling the ring gave %llu entries (want %llu), overflow %d",
+			 (unsigned long long)prod,
+			 (unsigned long long)kill_entries, ring_overflowed(&r));
+		tap_fail(resume, "no long reset to resume");
+		goto out;
+	}
+	/* The child's reset acts on this process's mm (the uffd's). */
+	child = fork();
+	if (child < 0)
+		tap_bail("fork: %s", strerror(errno));
+	if (!child) {
+		struct uffdio_ring_reset reset = { .consumer = prod };
+
+		ioctl(r.uffd, UFFDIO_RING_RESET, &reset);
+		_exit(0);
+	}
+	/* Kill it once its first step is published. */
+	t0 = now_ms();
+	while (!(cons = header_consumer(&r)) &&
+	       !(w = waitpid(child, &status, WNOHANG)) &&
+	       now_ms() - t0 < 60000)
+		;
+	spin_ms = now_ms() - t0;
+	if (!w) {
+		t0 = now_ms();
+		kill(child, SIGKILL);
+		w = waitpid(child, &status, 0);
+		tap_diag("%s: child reaped %lld ms after SIGKILL", name,
+			 now_ms() - t0);
+	}
+	cons = header_consumer(&r);
+	tap_check(w == child && WIFSIGNALED(status) &&
+		  WTERMSIG(status) == SIGKILL && cons > 0 && cons < prod &&
+		  cons % 512 == 0, name,
+		  "reset of %llu entries: consumer %llu when the child's wait ended (%s after %lld ms); want it killed part way at a step boundary",
+		  (unsigned long long)prod, (unsigned long long)cons,
+		  WIFSIGNALED(status) ? "killed" : "exited", spin_ms);
+	r.consumer = cons;
+	t0 = now_ms();
+	err = ring_reset(&r, prod, 0, &rep);
+	tap_diag("%s: the rest, %llu entries, reset in %lld ms", resume,
+		 (unsigned long long)(prod - cons), now_ms() - t0);
+	for (size_t i = 0; i < KILL_PAGES; i++) {
+		unprot += !page_wp(p + i * psz);
+		lost += p[i * psz] != (char)(kill_entries / KILL_PAGES - 1);
+	}
+	/* The first KILL_PAGES entries name each page once, in order; the
+	 * killed reset protected those it reached. */
+	want = cons < KILL_PAGES ? KILL_PAGES - cons : 0;
+	tap_check(!err && header_consumer(&r) == prod && rep == want &&
+		  !unprot && !lost, resume,
+		  "reset from %llu to %llu gave %d, consumer %llu, reprotected %llu (want %llu), %d pages unprotected, %d lost their data",
+		  (unsigned long long)cons, (unsigned long long)prod, err,
+		  (unsigned long long)header_consumer(&r),
+		  (unsigned long long)rep, (unsigned long long)want, unprot,
+		  lost);
+out:
+	ring_close(&r);
+	munmap(p, KILL_PAGES * psz);
+}
+
+int main(int argc, char **argv)
+{
+	psz = page_size();
+	if (argc > 1)
+		kill_entries = strtoull(argv[1], NULL, 0);
+	if (kill_entries < KILL_PAGES || kill_entries % KILL_PAGES ||
+	    kill_entries & (kill_entries - 1)) {
+		fprintf(stderr, "ring-reset: ENTRIES must be a power of two, a multiple of %d\n",
+			KILL_PAGES);
+		return 2;
+	}
+	watchdog(200);
+	tap_plan(4);
+	if (!ring_supported())
+		tap_bail("UFFDIO_API does not offer UFFD_FEATURE_WP_RING");
+	case_counts_changed();
+	case_eagain();
+	case_killable();
+	return tap_done();
+}
