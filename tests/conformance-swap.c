@@ -13,7 +13,8 @@
  *  - the data survives.
  * Also: protecting pages that are already swapped out marks the swap
  * entries, and unprotecting swapped-out pages clears the bit so the write
- * after swap-in needs no message.
+ * after swap-in needs no message.  UFFDIO_MOVE of protected pages that are
+ * swapped out leaves the bit behind, as the move of a present page does.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -277,6 +279,105 @@ out_free:
 	wp_area_destroy(&a);
 }
 
+/* UFFDIO_MOVE one page, retrying while the kernel says EAGAIN. */
+static int move_page(int uffd, char *dst, char *src)
+{
+	for (int tries = 0; tries < 100; tries++) {
+		struct uffdio_move mv = {
+			.dst = (unsigned long)dst, .src = (unsigned long)src,
+			.len = psz,
+		};
+
+		if (!ioctl(uffd, UFFDIO_MOVE, &mv))
+			return 0;
+		if (errno != EAGAIN)
+			return -errno;
+		usleep(1000);
+	}
+	return -EAGAIN;
+}
+
+/*
+ * swap-move-clears-wp: UFFDIO_MOVE of write-protected pages that are
+ * swapped out gives the destination swap entries without the uffd-wp bit,
+ * as the move of a present page builds a PTE without it.  The destination
+ * is registered for missing faults only: a bit carried over shows in
+ * pagemap, and swapping the page in for a write then makes a writable PTE
+ * that still has uffd-wp set (PAGE_TABLE_CHECK warns).  The data moves.
+ */
+static void test_move_swapped_clears_wp(void)
+{
+	const char *name = "swap-move-clears-wp";
+	char why[512] = "";
+	char *dst = MAP_FAILED;
+	struct wp_area a;
+	bool ok = false;
+	int err, i;
+
+	err = wp_area_create(&a, NR_PAGES * psz, why, sizeof(why));
+	if (err)
+		goto out;
+	wp_area_fill(&a, 6);
+	err = wp_area_arm(&a, UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_MOVE,
+			  true, why, sizeof(why));
+	if (err == -EOPNOTSUPP) {
+		tap_skip(name, "%s", why);
+		goto out_free;
+	}
+	if (err)
+		goto out;
+	err = page_out(a.p, a.len, PM_UFFD_WP);
+	if (err) {
+		tap_skip(name, "MADV_PAGEOUT left %zu of %d pages in swap with PM_UFFD_WP (%s)",
+			 pages_swapped(a.p, a.len, PM_UFFD_WP), NR_PAGES,
+			 strerror(-err));
+		goto out_free;
+	}
+	dst = mmap(NULL, a.len, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (dst == MAP_FAILED)
+		FAIL("mmap: %s", strerror(errno));
+	err = uffd_register(a.uffd, dst, a.len, UFFDIO_REGISTER_MODE_MISSING,
+			    NULL);
+	if (err)
+		FAIL("register the destination for missing faults: %s",
+		     strerror(-err));
+	for (i = 0; i < NR_PAGES; i++) {
+		err = move_page(a.uffd, dst + i * psz, a.p + i * psz);
+		if (err)
+			FAIL("UFFDIO_MOVE of swapped-out page %d: %s", i,
+			     strerror(-err));
+	}
+	for (i = 0; i < NR_PAGES; i++) {
+		uint64_t e = pagemap_entry(dst + i * psz);
+
+		if (e & PM_UFFD_WP)
+			FAIL("moved page %d still carries PM_UFFD_WP (pagemap %#llx, %s)",
+			     i, (unsigned long long)e,
+			     pm_swapped(e) ? "a swap entry" : "present");
+	}
+	if (memcmp(dst, a.expect, a.len))
+		FAIL("moved data differs at byte %ld",
+		     first_diff(dst, a.expect, a.len));
+	/* A write swaps each page in: writable, no bit, nothing queued. */
+	for (i = 0; i < NR_PAGES; i++)
+		dst[i * psz] = 'm';
+	for (i = 0; i < NR_PAGES; i++) {
+		uint64_t e = pagemap_entry(dst + i * psz);
+
+		if (!(e & PM_PRESENT) || (e & PM_UFFD_WP))
+			FAIL("page %d after its write: pagemap %#llx (want present, no PM_UFFD_WP)",
+			     i, (unsigned long long)e);
+	}
+	ok = true;
+out:
+	tap_check(ok, name, "%s", why);
+out_free:
+	if (dst != MAP_FAILED)
+		munmap(dst, a.len);
+	wp_area_destroy(&a);
+}
+
 int main(void)
 {
 	watchdog(60);
@@ -288,11 +389,12 @@ int main(void)
 	 */
 	if (pin_to_cpu0())
 		tap_diag("sched_setaffinity: %s", strerror(errno));
-	tap_plan(5);
+	tap_plan(6);
 	test_pageout_keeps_wp();
 	test_read_no_message();
 	test_write_after_swapin_faults();
 	test_protect_while_swapped();
 	test_unprotect_while_swapped();
+	test_move_swapped_clears_wp();
 	return tap_done();
 }
