@@ -154,19 +154,12 @@ static void case_eagain(void)
 
 /*
  * A long reset: KILL_PAGES pages written again and again, protected by hand
- * between rounds, until the ring holds kill_entries entries, and the pages
- * are writable at the end.  The largest ring (UFFD_RING_MAX_ENTRIES, 8192
- * reset steps) where an async fault is cheap enough to fill it; riscv64
- * under TCG takes about five times as long per fault as x86_64 (4M faults:
- * five minutes), so it resets 1M entries (2048 steps) through the same
- * code.  The first argument sets another size.
+ * between rounds, until the ring holds kill_entries entries (the largest
+ * ring, UFFD_RING_MAX_ENTRIES: 8192 reset steps), and the pages are
+ * writable at the end.  The first argument sets another size.
  */
 #define KILL_PAGES	16384
-#ifdef __riscv
-static uint64_t kill_entries = UFFD_RING_MAX_ENTRIES / 4;
-#else
 static uint64_t kill_entries = UFFD_RING_MAX_ENTRIES;
-#endif
 
 static void case_killable(void)
 {
