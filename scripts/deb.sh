@@ -14,9 +14,12 @@ results=()
 rm -rf "$dir"
 mkdir -p "$dir/src"
 : >"$log"
-# The working tree as git sees it (tracked and new files, no build/).
+# The working tree as git sees it (tracked and new files, no build/), less
+# tracked files deleted and not yet committed.
 (cd "$TOP" && git ls-files -z --cached --others --exclude-standard |
-	tar --null -T - -cf -) | tar -x -C "$dir/src"
+	while IFS= read -r -d '' f; do
+		if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\0' "$f"; fi
+	done | tar --null -T - -cf -) | tar -x -C "$dir/src"
 step "deb: dpkg-buildpackage -b"
 if (cd "$dir/src" && dpkg-buildpackage -b -us -uc) >>"$log" 2>&1; then
 	results+=("ok deb/build # $(cd "$dir" && ls ./*.deb | tr '\n' ' ')")

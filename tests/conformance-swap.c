@@ -279,24 +279,6 @@ out_free:
 	wp_area_destroy(&a);
 }
 
-/* UFFDIO_MOVE one page, retrying while the kernel says EAGAIN. */
-static int move_page(int uffd, char *dst, char *src)
-{
-	for (int tries = 0; tries < 100; tries++) {
-		struct uffdio_move mv = {
-			.dst = (unsigned long)dst, .src = (unsigned long)src,
-			.len = psz,
-		};
-
-		if (!ioctl(uffd, UFFDIO_MOVE, &mv))
-			return 0;
-		if (errno != EAGAIN)
-			return -errno;
-		usleep(1000);
-	}
-	return -EAGAIN;
-}
-
 /*
  * swap-move-clears-wp: UFFDIO_MOVE of write-protected pages that are
  * swapped out gives the destination swap entries without the uffd-wp bit,
@@ -343,7 +325,8 @@ static void test_move_swapped_clears_wp(void)
 		FAIL("register the destination for missing faults: %s",
 		     strerror(-err));
 	for (i = 0; i < NR_PAGES; i++) {
-		err = move_page(a.uffd, dst + i * psz, a.p + i * psz);
+		err = uffd_move(a.uffd, dst + i * psz, a.p + i * psz, psz,
+				0);
 		if (err)
 			FAIL("UFFDIO_MOVE of swapped-out page %d: %s", i,
 			     strerror(-err));

@@ -87,6 +87,11 @@ uint64_t ring_producer(const struct uring_view *r)
 	return __atomic_load_n(&r->hdr->producer, __ATOMIC_ACQUIRE);
 }
 
+uint64_t ring_consumer(const struct uring_view *r)
+{
+	return __atomic_load_n(&r->hdr->consumer, __ATOMIC_ACQUIRE);
+}
+
 bool ring_overflowed(const struct uring_view *r)
 {
 	return __atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE) &

@@ -77,6 +77,8 @@ char *ring_track(struct uring_view *r, size_t npages, bool populate);
 /* The producer index, read with acquire semantics. */
 uint64_t ring_producer(const struct uring_view *r);
 bool ring_overflowed(const struct uring_view *r);
+/* The consumer index the kernel published (a reset's progress), acquire. */
+uint64_t ring_consumer(const struct uring_view *r);
 /* Entry number I (free running). */
 uint64_t ring_entry(const struct uring_view *r, uint64_t i);
 

@@ -100,6 +100,23 @@ int uffd_copy(int uffd, void *dst, const void *src, size_t len, uint64_t mode)
 	return ioc(uffd, UFFDIO_COPY, &c);
 }
 
+int uffd_move(int uffd, void *dst, void *src, size_t len, uint64_t mode)
+{
+	int err = -EAGAIN;
+
+	for (int tries = 0; tries < 100 && err == -EAGAIN; tries++) {
+		struct uffdio_move mv = {
+			.dst = (uintptr_t)dst, .src = (uintptr_t)src,
+			.len = len, .mode = mode,
+		};
+
+		if (tries)
+			usleep(1000);
+		err = ioc(uffd, UFFDIO_MOVE, &mv);
+	}
+	return err;
+}
+
 int uffd_zeropage(int uffd, void *dst, size_t len, uint64_t mode)
 {
 	struct uffdio_zeropage z = {

@@ -35,6 +35,10 @@ int uffd_unregister(int uffd, void *addr, size_t len);
 int uffd_wp(int uffd, void *addr, size_t len, uint64_t mode);
 int uffd_copy(int uffd, void *dst, const void *src, size_t len, uint64_t mode);
 int uffd_zeropage(int uffd, void *dst, size_t len, uint64_t mode);
+/* UFFDIO_MOVE of LEN bytes, retried (up to 100 times, 1 ms apart) while the
+ * kernel answers EAGAIN, as it does when a page is briefly pinned or its
+ * folio is locked.  0 or -errno. */
+int uffd_move(int uffd, void *dst, void *src, size_t len, uint64_t mode);
 int uffd_wake(int uffd, void *addr, size_t len);
 /* Wait up to TIMEOUT_MS for one message: 1 got one, 0 none, -errno. */
 int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms);
