@@ -12,7 +12,8 @@ need_cmd "$QEMU" "$QEMU_PKG"
 mem=${GUEST_MEM_MB:-2048}
 half=$((mem / 2))
 hugepages=${GUEST_HUGEPAGES:-160}
-cmdline="console=$QEMU_CONSOLE panic=-1 hugepagesz=2M hugepages=$hugepages ${CMDLINE_EXTRA:-}"
+# GUEST_CMDLINE_EXTRA: more for this boot only (make bench: page_table_check=0).
+cmdline="console=$QEMU_CONSOLE panic=-1 hugepagesz=2M hugepages=$hugepages ${CMDLINE_EXTRA:-} ${GUEST_CMDLINE_EXTRA:-}"
 
 # shellcheck disable=SC2086
 qemu=("$QEMU" $QEMU_MACHINE -smp 2,sockets=2,cores=1,threads=1 -m "${mem}M"
