@@ -26,9 +26,10 @@
  *             PAGE_IS_WRITTEN;
  *  sigbus     SIGBUS only while some fd of the pool has UFFD_FEATURE_SIGBUS,
  *             never SIGSEGV, and the word is unchanged after it;
- *  ioctl      every failing call returns -1 with an errno of the allowed set,
- *             and calls that must fail (unaligned, zero length, unknown mode
- *             or feature bits, unmapped addresses, CONTINUE on anonymous
+ *  ioctl      every failing call returns -1 with an errno the kernel can
+ *             return for that operation (its ERR_* set below), and calls
+ *             that must fail (unaligned, zero length, unknown mode or
+ *             feature bits, unmapped addresses, CONTINUE on anonymous
  *             memory, a second UFFDIO_API) do fail;
  *  fork       each forked child sees the parent's words, its own writes read
  *             back, and it exits 0 in time;
@@ -77,6 +78,60 @@
 #define MAX_REPORTS	8	/* failure lines printed per family */
 #define SRC_PAGES	16	/* UFFDIO_COPY source buffer */
 #define CHILD_WAIT_MS	20000
+
+/*
+ * The errnos each operation may fail with: what build/linux (6.12 plus this
+ * series) returns for it, on the fuzzer's memory (private anonymous only: no
+ * hugetlb, shmem or file paths).  ESRCH (or ENOMEM) for mmget_not_zero() and
+ * EINTR for a killable lock cannot reach a live process; they stay because
+ * the operation returns them.  E() fails to compile for an errno >= 64.
+ */
+#define E(x)	((1ULL << (x)) + 0 * sizeof(char[(x) < 64 ? 1 : -1]))
+/* userfaultfd(): EPERM from userfaultfd_syscall_allowed(), ENOMEM ctx/file */
+#define ERR_UFFD_OPEN	(E(EINVAL) | E(EPERM) | E(ENOMEM))
+/* EPERM: EVENT_FORK without CAP_SYS_PTRACE; a second call fails the cmpxchg */
+#define ERR_API		(E(EFAULT) | E(EINVAL) | E(EPERM))
+/* EBUSY: another ctx owns a VMA; ENOMEM: mmget_not_zero(), VMA split/merge */
+#define ERR_REGISTER	(E(EFAULT) | E(EINVAL) | E(EBUSY) | E(ENOMEM))
+/* ENOMEM as for REGISTER (userfaultfd_clear_vma()) */
+#define ERR_UNREGISTER	(E(EFAULT) | E(EINVAL) | E(ENOMEM))
+#define ERR_WAKE	(E(EFAULT) | E(EINVAL))
+/*
+ * mwriteprotect_range(): ENOENT for a range not all uffd-wp registered,
+ * EAGAIN for ctx->mmap_changing, ENOMEM for change_protection()'s page
+ * tables for markers (WP_UNPOPULATED).
+ */
+#define ERR_WRITEPROTECT (E(EFAULT) | E(EINVAL) | E(EAGAIN) | E(ENOENT) | \
+			  E(ENOMEM) | E(ESRCH))
+/*
+ * COPY and ZEROPAGE (mfill_atomic()): ENOENT for no registered VMA around
+ * dst, EEXIST for a populated pte or a huge pmd, EAGAIN for mmap_changing,
+ * a vanished pte table or a partial fill, ENOMEM for anon_vma, page tables
+ * or the page, EFAULT for an unreadable source.  EINTR only ever follows a
+ * filled page, which makes it a partial fill (EAGAIN).
+ */
+#define ERR_MFILL	(E(EFAULT) | E(EINVAL) | E(EAGAIN) | E(ENOENT) | \
+			 E(EEXIST) | E(ENOMEM) | E(ESRCH))
+/* mfill_atomic() refuses an anonymous VMA (EINVAL) before any pte */
+#define ERR_CONTINUE	(E(EFAULT) | E(EINVAL) | E(EAGAIN) | E(ENOENT) | \
+			 E(ENOMEM) | E(ESRCH))
+/* do_pagemap_scan(): EPERM for CHECK_WPASYNC on a VMA that is not async */
+#define ERR_SCAN	(E(EFAULT) | E(EINVAL) | E(ENOMEM) | E(EINTR) | \
+			 E(EPERM) | E(ESRCH))
+/* EPERM: over vm.uffd_ring_max_entries; EBUSY: a ring already, or registered */
+#define ERR_RING_SETUP	(E(EFAULT) | E(EINVAL) | E(EPERM) | E(EBUSY) | \
+			 E(ENOMEM) | E(ESRCH))
+/* uffd_wp_log_reprotect(): EAGAIN mmap_changing, ENOMEM change_protection() */
+#define ERR_RING_RESET	(E(EFAULT) | E(EINVAL) | E(EAGAIN) | E(EINTR) | \
+			 E(ENOMEM) | E(ESRCH))
+/* do_mmap(): EACCES for PROT_WRITE on the O_RDONLY fd; userfaultfd_mmap() */
+#define ERR_RING_MMAP	(E(EACCES) | E(EINVAL) | E(ENOMEM) | E(EINTR))
+/* A uffd ioctl on /proc/self/pagemap: do_pagemap_cmd()'s -ENOIOCTLCMD */
+#define ERR_WRONG_FD	E(ENOTTY)
+/* userfaultfd_ioctl() answers an unknown command with EINVAL, not ENOTTY */
+#define ERR_UNKNOWN_IOCTL E(EINVAL)
+/* EAGAIN: madvise_vma_behavior()'s ENOMEM; EINTR: mmap_write_lock_killable() */
+#define ERR_MADVISE	(E(EINVAL) | E(ENOMEM) | E(EAGAIN) | E(EINTR))
 
 enum family { F_READBACK, F_WPCLEAR, F_SIGBUS, F_IOCTL, F_FORK, F_RING, F_N };
 static const char *const family_name[F_N] = {
@@ -132,22 +187,12 @@ static void failure(enum family f, const char *fmt, ...)
 		 family_name[f], op_index, op_name, seed, buf, args);
 }
 
-static bool errno_allowed(int e)
-{
-	switch (e) {
-	case EINVAL: case EFAULT: case ENOENT: case EEXIST: case EAGAIN:
-	case EBUSY: case ENOMEM: case EPERM: case ESRCH: case ENOTTY:
-	case EBADF: case ENODEV: case EACCES: case ENOSPC:
-		return true;
-	}
-	return false;
-}
-
 /*
- * Judge one call: RET is the ioctl's return, E its errno.  MUST_FAIL: the
- * arguments are invalid, success is a bug.
+ * Judge one call: RET is its return, E its errno, ALLOWED the ERR_* set of
+ * the operation.  MUST_FAIL: the arguments are invalid, success is a bug.
  */
-static void judge(const char *what, int ret, int e, bool must_fail)
+static void judge(const char *what, int ret, int e, bool must_fail,
+		  uint64_t allowed)
 {
 	checks[F_IOCTL]++;
 	if (ret == 0 || ret > 0) {
@@ -156,7 +201,8 @@ static void judge(const char *what, int ret, int e, bool must_fail)
 				what);
 		return;
 	}
-	if (!errno_allowed(e))
+	/* An errno past the mask (a leaked ERESTART*, say) is never allowed. */
+	if (e < 0 || e >= 64 || !(allowed & (1ULL << e)))
 		failure(F_IOCTL, "%s failed with errno %d (%s), not in the "
 			"allowed set", what, e, strerror(e));
 }
@@ -561,7 +607,8 @@ static void op_api_garbage(void)
 		bad_flags = false;
 	fd = syscall(SYS_userfaultfd, flags);
 	e = errno;
-	judge("userfaultfd(flags)", fd < 0 ? -1 : 0, e, bad_flags);
+	judge("userfaultfd(flags)", fd < 0 ? -1 : 0, e, bad_flags,
+	      ERR_UFFD_OPEN);
 	if (fd < 0)
 		return;
 	switch (rnd(4)) {
@@ -580,13 +627,13 @@ static void op_api_garbage(void)
 
 		ret = ioctl(fd, UFFDIO_API, &api);
 		e = errno;
-		judge("UFFDIO_API", ret, e, bad);
+		judge("UFFDIO_API", ret, e, bad, ERR_API);
 		if (ret == 0) {
 			/* A second UFFDIO_API on the same fd must fail. */
 			struct uffdio_api again = { .api = UFFD_API };
 
 			ret = ioctl(fd, UFFDIO_API, &again);
-			judge("second UFFDIO_API", ret, errno, true);
+			judge("second UFFDIO_API", ret, errno, true, ERR_API);
 		}
 	}
 	close(fd);
@@ -647,7 +694,8 @@ static void op_slot_reopen(void)
 	fd = uffd_open_flags(O_CLOEXEC | O_NONBLOCK |
 			     (chance(30) ? UFFD_USER_MODE_ONLY : 0), f, &got);
 	if (fd < 0) {
-		judge("open pool uffd", -1, -fd, false);
+		judge("open pool uffd", -1, -fd, false,
+		      ERR_UFFD_OPEN | ERR_API);
 		if (f & UFFD_FEATURE_WP_RING)
 			ring_open_err = -fd;
 		return;
@@ -711,7 +759,7 @@ static void op_register(void)
 	reg.range.len = g.len;
 	reg.mode = mode;
 	ret = ioctl(s->fd, UFFDIO_REGISTER, &reg);
-	judge("UFFDIO_REGISTER", ret, errno, bad);
+	judge("UFFDIO_REGISTER", ret, errno, bad, ERR_REGISTER);
 	if (ret == 0)
 		set_state_after(r, &g, s - slots, mode, true);
 	if (ret == 0 && r && !(mode & UFFDIO_REGISTER_MODE_WP))
@@ -732,7 +780,8 @@ static void op_unregister(void)
 	if (!s)
 		return;
 	ret = ioctl(s->fd, UFFDIO_UNREGISTER, &rg);
-	judge("UFFDIO_UNREGISTER", ret, errno, g.bad || g.hole);
+	judge("UFFDIO_UNREGISTER", ret, errno, g.bad || g.hole,
+	      ERR_UNREGISTER);
 	/*
 	 * UNREGISTER has no owner check: through any uffd of this mm it
 	 * drops whatever registration covers the range (fs/userfaultfd.c
@@ -770,7 +819,7 @@ static void op_writeprotect(void)
 	must_work = !bad && r && g.valid && r->state == RS_REG &&
 		    r->slot == s - slots && (r->mode & UFFDIO_REGISTER_MODE_WP);
 	ret = ioctl(s->fd, UFFDIO_WRITEPROTECT, &w);
-	judge("UFFDIO_WRITEPROTECT", ret, errno, bad);
+	judge("UFFDIO_WRITEPROTECT", ret, errno, bad, ERR_WRITEPROTECT);
 	if (must_work && ret && errno != EAGAIN)
 		failure(F_IOCTL, "UFFDIO_WRITEPROTECT of a WP-registered range "
 			"failed: %s", strerror(errno));
@@ -824,7 +873,7 @@ static void op_copy_zero(void)
 		e = errno;
 		done = c.copy;
 	}
-	judge(zero ? "UFFDIO_ZEROPAGE" : "UFFDIO_COPY", ret, e, bad);
+	judge(zero ? "UFFDIO_ZEROPAGE" : "UFFDIO_COPY", ret, e, bad, ERR_MFILL);
 	/* Pages filled (all, or the part before the error) changed word 0. */
 	if (r && !bad && (ret == 0 || done > 0)) {
 		uint64_t filled = ret == 0 ? g.len : (uint64_t)done;
@@ -852,7 +901,7 @@ static void op_wake_continue(void)
 		struct uffdio_range rg = { g.start, g.len };
 
 		ret = ioctl(s->fd, UFFDIO_WAKE, &rg);
-		judge("UFFDIO_WAKE", ret, errno, g.bad);
+		judge("UFFDIO_WAKE", ret, errno, g.bad, ERR_WAKE);
 	} else {
 		/* Anonymous memory has no page cache: CONTINUE always fails. */
 		struct uffdio_continue c = { { g.start, g.len }, 0, 0 };
@@ -860,7 +909,8 @@ static void op_wake_continue(void)
 		if (chance(30))
 			c.mode = 1ULL << rnd(64);
 		ret = ioctl(s->fd, UFFDIO_CONTINUE, &c);
-		judge("UFFDIO_CONTINUE on anonymous memory", ret, errno, true);
+		judge("UFFDIO_CONTINUE on anonymous memory", ret, errno, true,
+		      ERR_CONTINUE);
 	}
 }
 
@@ -874,11 +924,13 @@ static void op_wrong_fd(void)
 	op_name = "wrong-fd";
 	if (chance(50) || !s) {
 		ret = ioctl(scan_fd, UFFDIO_WAKE, &rg);
-		judge("UFFDIO_WAKE on pagemap fd", ret, errno, true);
+		judge("UFFDIO_WAKE on pagemap fd", ret, errno, true,
+		      ERR_WRONG_FD);
 	} else {
 		ret = ioctl(s->fd, _IOWR(UFFDIO, 0x20 + rnd(32), struct uffdio_range),
 			    &rg);
-		judge("unknown uffd ioctl", ret, errno, true);
+		judge("unknown uffd ioctl", ret, errno, true,
+		      ERR_UNKNOWN_IOCTL);
 	}
 }
 
@@ -912,7 +964,7 @@ static void op_scan(void)
 	if ((g.start & (psz - 1)) || a.end < a.start)
 		bad = true;
 	ret = ioctl(scan_fd, PAGEMAP_SCAN, &a);
-	judge("PAGEMAP_SCAN", ret < 0 ? -1 : 0, errno, bad);
+	judge("PAGEMAP_SCAN", ret < 0 ? -1 : 0, errno, bad, ERR_SCAN);
 }
 
 /* ---- ops: the write-log ring ------------------------------------------- */
@@ -967,7 +1019,7 @@ static void ring_setup(struct slot *s, bool hostile)
 		bad = true;
 	}
 	ret = ioctl(s->fd, UFFDIO_RING_SETUP, &rs_arg);
-	judge("UFFDIO_RING_SETUP", ret, errno, bad);
+	judge("UFFDIO_RING_SETUP", ret, errno, bad, ERR_RING_SETUP);
 	if (ret && !bad)
 		ring_setup_err = errno;
 	if (ret)
@@ -977,19 +1029,23 @@ static void ring_setup(struct slot *s, bool hostile)
 	/* Hostile mappings first: writable, wrong size, wrong offset. */
 	m = mmap(NULL, rs_arg.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED,
 		 s->fd, 0);
-	judge("ring mmap PROT_WRITE", m == MAP_FAILED ? -1 : 0, errno, true);
+	judge("ring mmap PROT_WRITE", m == MAP_FAILED ? -1 : 0, errno, true,
+	      ERR_RING_MMAP);
 	if (m != MAP_FAILED)
 		munmap(m, rs_arg.mmap_size);
 	m = mmap(NULL, rs_arg.mmap_size + psz, PROT_READ, MAP_SHARED, s->fd, 0);
-	judge("ring mmap too large", m == MAP_FAILED ? -1 : 0, errno, true);
+	judge("ring mmap too large", m == MAP_FAILED ? -1 : 0, errno, true,
+	      ERR_RING_MMAP);
 	if (m != MAP_FAILED)
 		munmap(m, rs_arg.mmap_size + psz);
 	m = mmap(NULL, rs_arg.mmap_size, PROT_READ, MAP_SHARED, s->fd, psz);
-	judge("ring mmap offset", m == MAP_FAILED ? -1 : 0, errno, true);
+	judge("ring mmap offset", m == MAP_FAILED ? -1 : 0, errno, true,
+	      ERR_RING_MMAP);
 	if (m != MAP_FAILED)
 		munmap(m, rs_arg.mmap_size);
 	m = mmap(NULL, rs_arg.mmap_size, PROT_READ, MAP_SHARED, s->fd, 0);
-	judge("ring mmap", m == MAP_FAILED ? -1 : 0, errno, false);
+	judge("ring mmap", m == MAP_FAILED ? -1 : 0, errno, false,
+	      ERR_RING_MMAP);
 	if (m == MAP_FAILED) {
 		failure(F_RING, "valid ring mmap of %" PRIu64 " bytes failed: %s",
 			(uint64_t)rs_arg.mmap_size, strerror(errno));
@@ -1000,7 +1056,8 @@ static void ring_setup(struct slot *s, bool hostile)
 	ring_sane(s, "after setup");
 	/* A second setup must fail (EBUSY). */
 	ret = ioctl(s->fd, UFFDIO_RING_SETUP, &rs_arg);
-	judge("second UFFDIO_RING_SETUP", ret, errno, true);
+	judge("second UFFDIO_RING_SETUP", ret, errno, true,
+	      ERR_RING_SETUP);
 }
 
 static void op_ring(void)
@@ -1019,14 +1076,15 @@ static void op_ring(void)
 		struct uffdio_ring_setup a = { .entries = 64 };
 
 		ret = ioctl(s->fd, UFFDIO_RING_SETUP, &a);
-		judge("UFFDIO_RING_SETUP without WP_RING", ret, errno, true);
+		judge("UFFDIO_RING_SETUP without WP_RING", ret, errno, true,
+		      ERR_RING_SETUP);
 		return;
 	}
 	if (!s->ring) {
 		rr.consumer = 0;
 		ret = ioctl(s->fd, UFFDIO_RING_RESET, &rr);
 		judge("UFFDIO_RING_RESET (no ring mapped)", ret, errno,
-		      !s->ring_set);
+		      !s->ring_set, ERR_RING_RESET);
 		return;
 	}
 	if (!ring_sane(s, "before reset"))
@@ -1047,7 +1105,8 @@ static void op_ring(void)
 	judge("UFFDIO_RING_RESET", ret, errno,
 	      bad && !(rr.consumer > p &&
 		       rr.consumer <= __atomic_load_n(&s->ring->producer,
-						      __ATOMIC_ACQUIRE)));
+						      __ATOMIC_ACQUIRE)),
+	      ERR_RING_RESET);
 	if (ret == 0 && !bad && rr.reprotected > rr.consumer - c)
 		failure(F_RING, "RING_RESET %" PRIu64 " -> %" PRIu64
 			" reprotected %" PRIu64 " entries", c, (uint64_t)rr.consumer,
@@ -1255,7 +1314,7 @@ static void op_madvise(void)
 	}
 	ret = madvise(r->addr + a * psz, n * psz, adv);
 	if (ret && adv != MADV_COLLAPSE)
-		judge("madvise", -1, errno, false);
+		judge("madvise", -1, errno, false, ERR_MADVISE);
 	if (ret == 0 && adv == MADV_DONTNEED)
 		for (size_t i = a; i < a + n; i++)
 			r->shadow[i] = 0;
