@@ -67,10 +67,6 @@
 #define UFFD_RING_ENTRY_ADDR_MASK	(~0xfffULL)
 #endif
 
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE	25
-#endif
-
 #define NSLOTS		4	/* userfaultfds in the pool */
 #define NREGIONS	6	/* anonymous regions */
 #define NWRITERS	2

@@ -10,7 +10,7 @@
  * Covered for small anonymous pages, a PMD-mapped anonymous THP (PMD
  * migration entry), shmem pages and a hugetlb page.
  *
- * There is no libnuma in the guest: move_pages is the raw syscall.
+ * There is no libnuma in the guest: sys_move_pages() is the raw syscall.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -20,16 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "tap.h"
 #include "uffd_util.h"
 #include "wp_probe.h"
 
-#ifndef MPOL_MF_MOVE
-#define MPOL_MF_MOVE	(1 << 1)
-#endif
 #ifndef MFD_HUGETLB
 #define MFD_HUGETLB	0x0004U
 #endif
@@ -59,12 +55,6 @@ struct area {
 	int uffd;
 	bool leak;
 };
-
-static long move_pages(unsigned long count, void **pages, const int *nodes,
-		       int *status, int flags)
-{
-	return syscall(SYS_move_pages, 0, count, pages, nodes, status, flags);
-}
 
 static bool node_online(int node)
 {
@@ -197,7 +187,7 @@ static int area_node(struct area *a, char *why, size_t wlen)
 		pages[i] = a->p + i * psz;
 		status[i] = -12345;
 	}
-	if (move_pages(n, pages, NULL, status, 0)) {
+	if (sys_move_pages(n, pages, NULL, status, 0)) {
 		snprintf(why, wlen, "move_pages query: %s", strerror(errno));
 		return -1;
 	}
@@ -225,7 +215,7 @@ static bool area_move(struct area *a, int node, char *why, size_t wlen)
 		nodes[i] = node;
 		status[i] = -12345;
 	}
-	ret = move_pages(n, pages, nodes, status, MPOL_MF_MOVE);
+	ret = sys_move_pages(n, pages, nodes, status, MPOL_MF_MOVE);
 	if (ret) {
 		snprintf(why, wlen, "move_pages to node %d: %ld (%s)", node, ret,
 			 ret < 0 ? strerror(errno) : "pages not migrated");

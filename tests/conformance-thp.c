@@ -27,10 +27,6 @@
 #include "uffd_util.h"
 #include "wp_probe.h"
 
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25
-#endif
-
 #define NR_SUBPAGES	512
 #define KHUGEPAGED	"/sys/kernel/mm/transparent_hugepage/khugepaged/"
 

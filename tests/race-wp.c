@@ -36,19 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "tap.h"
 #include "uffd_util.h"
 
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE	25
-#endif
-#ifndef MPOL_MF_MOVE
-#define MPOL_MF_MOVE	(1 << 1)
-#endif
 
 #define NW		2
 #define ROUNDS		1000000	/* in practice RUN_MS ends it */
@@ -400,7 +393,7 @@ static void disrupt_migrate(struct race *r, int iter)
 		pages[i] = r->base + i * psz;
 		nodes[i] = iter & 1;
 	}
-	if (syscall(SYS_move_pages, 0, n, pages, nodes, status, MPOL_MF_MOVE) < 0)
+	if (sys_move_pages(n, pages, nodes, status, MPOL_MF_MOVE) < 0)
 		fail(r->why, "move_pages to node %d: %s", iter & 1,
 		     strerror(errno));
 }

@@ -21,6 +21,10 @@
  *  - reset-protects-migrated-pages: logged pages that move_pages() moved to
  *    the other NUMA node before the reset (as compaction or NUMA balancing
  *    may) are protected where they are now, data intact.
+ *  - reset-protects-cow-shared-pages: logged pages shared copy-on-write
+ *    with a child forked before the reset are protected in the parent; the
+ *    parent's next write is logged and copies the page, the child keeps
+ *    the old content.
  *
  * The first three fail on the series without those two patches, whose reset
  * counts every entry, ignores pending events, and runs to its end under one
@@ -29,8 +33,8 @@
  * reset split the PMD for the first entry and then took the other 511
  * pages, present and writable after the split, for pages written since
  * their entries: their next writes were not logged
- * (docs/results/previous-series/).  The sixth covers a path between log
- * and reset that no version got wrong.
+ * (docs/results/previous-series/).  The sixth and seventh cover paths
+ * between log and reset that no version got wrong.
  */
 #define _GNU_SOURCE
 #include "tap.h"
@@ -46,19 +50,11 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 static long psz;
 
-#ifndef MPOL_MF_MOVE
-#define MPOL_MF_MOVE	(1 << 1)
-#endif
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25
-#endif
-#define THP_SIZE	(2UL << 20)
 
 static void case_counts_changed(void)
 {
@@ -189,7 +185,7 @@ out_unmap:
 static void case_collapsed_thp(void)
 {
 	const char *name = "reset-protects-collapsed-thp";
-	size_t nr = THP_SIZE / psz, unprot = 0;
+	size_t nr = HPAGE_SIZE / psz, unprot = 0;
 	uint64_t prod, rep = 0, after = 0, entry = 0;
 	long huge_before, huge_after;
 	struct uring_view r;
@@ -200,20 +196,20 @@ static void case_collapsed_thp(void)
 		tap_fail(name, "ring_open failed");
 		return;
 	}
-	p = map_anon_aligned(THP_SIZE, THP_SIZE);
+	p = map_anon_aligned(HPAGE_SIZE, HPAGE_SIZE);
 	if (!p) {
 		tap_fail(name, "mmap: %s", strerror(errno));
 		goto out_ring;
 	}
-	if (madvise(p, THP_SIZE, MADV_HUGEPAGE)) {
+	if (madvise(p, HPAGE_SIZE, MADV_HUGEPAGE)) {
 		tap_skip(name, "MADV_HUGEPAGE: %s (no THP in this kernel)",
 			 strerror(errno));
 		goto out;
 	}
-	memset(p, 1, THP_SIZE);
-	if (uffd_register(r.uffd, p, THP_SIZE, UFFDIO_REGISTER_MODE_WP,
+	memset(p, 1, HPAGE_SIZE);
+	if (uffd_register(r.uffd, p, HPAGE_SIZE, UFFDIO_REGISTER_MODE_WP,
 			  NULL) ||
-	    uffd_wp(r.uffd, p, THP_SIZE, UFFDIO_WRITEPROTECT_MODE_WP)) {
+	    uffd_wp(r.uffd, p, HPAGE_SIZE, UFFDIO_WRITEPROTECT_MODE_WP)) {
 		tap_fail(name, "register/protect: %s", strerror(errno));
 		goto out;
 	}
@@ -221,7 +217,7 @@ static void case_collapsed_thp(void)
 	for (size_t i = 0; i < nr; i++)
 		p[i * psz] = 2;
 	prod = ring_producer(&r);
-	if (madvise(p, THP_SIZE, MADV_COLLAPSE)) {
+	if (madvise(p, HPAGE_SIZE, MADV_COLLAPSE)) {
 		tap_skip(name, "MADV_COLLAPSE of the written range: %s",
 			 strerror(errno));
 		goto out;
@@ -235,7 +231,7 @@ static void case_collapsed_thp(void)
 	after = ring_producer(&r);
 	if (after == prod + 1)
 		entry = ring_entry(&r, prod);
-	tap_check(prod == nr && huge_before == (long)(THP_SIZE >> 10) &&
+	tap_check(prod == nr && huge_before == (long)(HPAGE_SIZE >> 10) &&
 		  !err && rep == nr && !unprot &&
 		  huge_after == huge_before && after == prod + 1 &&
 		  entry == (uintptr_t)(p + 5 * psz), name,
@@ -245,7 +241,7 @@ static void case_collapsed_thp(void)
 		  (unsigned long long)(after - prod),
 		  (unsigned long long)entry, (void *)(p + 5 * psz));
 out:
-	munmap(p, THP_SIZE);
+	munmap(p, HPAGE_SIZE);
 out_ring:
 	ring_close(&r);
 }
@@ -281,7 +277,7 @@ static void case_migrated(void)
 	}
 	prod = ring_producer(&r);
 	/* Where page 0 is now; the others go with it to the other node. */
-	ret = syscall(SYS_move_pages, 0, 1, pages, NULL, status, 0);
+	ret = sys_move_pages(1, pages, NULL, status, 0);
 	if (ret < 0 || status[0] < 0) {
 		tap_skip(name, "move_pages query: %s",
 			 strerror(ret < 0 ? errno : -status[0]));
@@ -290,8 +286,7 @@ static void case_migrated(void)
 	target = status[0] ? 0 : 1;
 	for (int i = 0; i < MIG_PAGES; i++)
 		nodes[i] = target;
-	ret = syscall(SYS_move_pages, 0, MIG_PAGES, pages, nodes, status,
-		      MPOL_MF_MOVE);
+	ret = sys_move_pages(MIG_PAGES, pages, nodes, status, MPOL_MF_MOVE);
 	if (ret < 0 && (errno == ENODEV || errno == EINVAL)) {
 		tap_skip(name, "no node %d to migrate to: %s", target,
 			 strerror(errno));
@@ -316,6 +311,76 @@ static void case_migrated(void)
 		  (unsigned long long)(after - prod));
 out:
 	munmap(p, MIG_PAGES * psz);
+out_ring:
+	ring_close(&r);
+}
+
+/*
+ * Pages logged and then shared copy-on-write with a child: the parent's
+ * PTEs are read-only and not protected when the reset comes.
+ */
+#define COW_PAGES	4
+static void case_forked(void)
+{
+	const char *name = "reset-protects-cow-shared-pages";
+	uint64_t prod, rep = 0, after;
+	int fds[2], status = -1, err, unprot = 0;
+	struct uring_view r;
+	pid_t pid;
+	char *p;
+
+	if (ring_open(&r, 64, 0)) {
+		tap_fail(name, "ring_open failed");
+		return;
+	}
+	p = ring_track(&r, COW_PAGES, true);
+	if (!p) {
+		tap_fail(name, "ring_track failed");
+		goto out_ring;
+	}
+	if (pipe(fds)) {
+		tap_fail(name, "pipe: %s", strerror(errno));
+		goto out;
+	}
+	for (int i = 0; i < COW_PAGES; i++)
+		p[i * psz] = 3;
+	prod = ring_producer(&r);
+	pid = fork();
+	if (pid < 0)
+		tap_bail("fork: %s", strerror(errno));
+	if (!pid) {
+		char c;
+		int bad = 0;
+
+		/* After the parent's reset and write: the old content. */
+		close(fds[1]);
+		if (read(fds[0], &c, 1) != 1)
+			_exit(2);
+		for (int i = 0; i < COW_PAGES; i++)
+			bad += p[i * psz] != 3;
+		_exit(bad ? 1 : 0);
+	}
+	close(fds[0]);
+	err = ring_reset(&r, prod, 0, &rep);
+	for (int i = 0; i < COW_PAGES; i++)
+		unprot += !page_wp(p + i * psz);
+	p[2 * psz] = 4;
+	after = ring_producer(&r);
+	if (write(fds[1], "x", 1) != 1)
+		kill(pid, SIGKILL);
+	close(fds[1]);
+	waitpid(pid, &status, 0);
+	tap_check(prod == COW_PAGES && !err && rep == COW_PAGES && !unprot &&
+		  after == prod + 1 &&
+		  ring_entry(&r, prod) == (uintptr_t)(p + 2 * psz) &&
+		  p[2 * psz] == 4 && WIFEXITED(status) &&
+		  WEXITSTATUS(status) == 0, name,
+		  "%llu entries; reset after fork gave %d, reprotected %llu (want %d), %d pages unprotected; the parent's write logged %llu entries (want 1); child status %#x (0: it still saw the old content)",
+		  (unsigned long long)prod, err, (unsigned long long)rep,
+		  COW_PAGES, unprot, (unsigned long long)(after - prod),
+		  status);
+out:
+	munmap(p, COW_PAGES * psz);
 out_ring:
 	ring_close(&r);
 }
@@ -436,13 +501,14 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	watchdog(1100);
-	tap_plan(6);
+	tap_plan(7);
 	if (!ring_supported())
 		tap_bail("UFFDIO_API does not offer UFFD_FEATURE_WP_RING");
 	case_counts_changed();
 	case_eagain();
 	case_collapsed_thp();
 	case_migrated();
+	case_forked();
 	case_killable();
 	return tap_done();
 }

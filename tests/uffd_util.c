@@ -117,6 +117,12 @@ int uffd_move(int uffd, void *dst, void *src, size_t len, uint64_t mode)
 	return err;
 }
 
+long sys_move_pages(unsigned long count, void **pages, const int *nodes,
+		    int *status, int flags)
+{
+	return syscall(SYS_move_pages, 0, count, pages, nodes, status, flags);
+}
+
 int uffd_zeropage(int uffd, void *dst, size_t len, uint64_t mode)
 {
 	struct uffdio_zeropage z = {

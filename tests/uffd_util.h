@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 
 /* /proc/pid/pagemap bits (Documentation/admin-guide/mm/pagemap.rst). */
 #define PM_SOFT_DIRTY	(1ULL << 55)
@@ -22,6 +23,14 @@
 #define PM_PRESENT	(1ULL << 63)
 
 #define HPAGE_SIZE	(2UL << 20)
+
+/* Newer than some libc headers; the guest has no libnuma for numaif.h. */
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE	25
+#endif
+#ifndef MPOL_MF_MOVE
+#define MPOL_MF_MOVE	(1 << 1)
+#endif
 
 long page_size(void);
 
@@ -40,6 +49,9 @@ int uffd_zeropage(int uffd, void *dst, size_t len, uint64_t mode);
  * folio is locked.  0 or -errno. */
 int uffd_move(int uffd, void *dst, void *src, size_t len, uint64_t mode);
 int uffd_wake(int uffd, void *addr, size_t len);
+/* move_pages(2) on this process, the raw syscall (no libnuma). */
+long sys_move_pages(unsigned long count, void **pages, const int *nodes,
+		    int *status, int flags);
 /* Wait up to TIMEOUT_MS for one message: 1 got one, 0 none, -errno. */
 int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms);
 
