@@ -6,8 +6,15 @@
  *
  *   dirty-harvest  ring          read the ring's entries, UFFDIO_RING_RESET
  *                                (re-protect them in one call); when the
- *                                ring overflowed, clear the flag and do one
- *                                PAGEMAP_SCAN round as the fallback
+ *                                ring overflowed, discard its entries
+ *                                (UFFDIO_RING_RESET_DISCARD), clear the
+ *                                flag and do one PAGEMAP_SCAN round as the
+ *                                fallback
+ *                  ring_reprotect  (written_pct=100 only, its rounds
+ *                                alternating with ring's in one context)
+ *                                the same, but the overflowed round's reset
+ *                                re-protects the entries before the scan,
+ *                                as on a kernel without the discard flag
  *                  pagemap_scan  PAGEMAP_SCAN with PM_SCAN_WP_MATCHING over
  *                                the whole region (report written pages and
  *                                re-protect them)
@@ -115,17 +122,22 @@ static int open_async(struct uring_view *r, bool ring)
 	return err;
 }
 
-static void round_ring(struct uring_view *r, int *overflows)
+static void round_ring(struct uring_view *r, int *overflows, bool discard)
 {
 	uint64_t prod = ring_producer(r), i;
 	bool over = ring_overflowed(r);
+	uint64_t flags = 0;
 	int err;
 
 	nharvested = 0;
-	for (i = r->consumer; i < prod; i++)
+	if (over)
+		flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW |
+			(discard ? UFFDIO_RING_RESET_DISCARD : 0);
+	/* Discarded entries' pages stay writable: the scan finds them. */
+	for (i = r->consumer; i < prod && !(flags & UFFDIO_RING_RESET_DISCARD);
+	     i++)
 		harvested[nharvested++] = ring_entry(r, i);
-	err = ring_reset(r, prod, over ? UFFDIO_RING_RESET_CLEAR_OVERFLOW : 0,
-			 NULL);
+	err = ring_reset(r, prod, flags, NULL);
 	if (err)
 		bench_fail("UFFDIO_RING_RESET: %s", strerror(-err));
 	if (over) {
@@ -216,34 +228,41 @@ static void dirty_harvest(const struct bench_opts *o)
 		}
 		for (p = 0; p < 4; p++) {
 			size_t k = (size_t)(npages * pcts[p] / 100);
+			/* ring at 100%: discarding and re-protecting rounds
+			 * alternate in the one context, side by side */
+			bool both = ring && pcts[p] == 100;
+			int rounds = both ? 2 * o->reps : o->reps;
 			char param[32];
 
 			if (k == 0)
 				k = 1;
 			snprintf(param, sizeof(param), "written_pct=%g",
 				 pcts[p]);
-			for (rep = 0; rep < o->reps; rep++) {
+			for (rep = 0; rep < rounds; rep++) {
+				bool reprotect = both && rep % 2;
+				const char *name = reprotect ? "ring_reprotect" :
+							       variants[v];
 				uint64_t t0;
 
 				write_pages(k, rep + p * 100);
 				t0 = bench_now_ns();
 				if (ring)
-					round_ring(&r, &overflows);
+					round_ring(&r, &overflows, !reprotect);
 				else if (sd)
 					err = round_soft_dirty();
 				else
 					round_scan();
-				bench_sample("dirty-harvest", variants[v],
-					     param, "round_us",
+				bench_sample("dirty-harvest", name, param,
+					     "round_us",
 					     (bench_now_ns() - t0) / 1e3, "us");
 				if (sd && err)
 					bench_fail("soft_dirty round: %s",
 						   strerror(-err));
-				verify(variants[v], pcts[p], !sd && !overflows);
+				verify(name, pcts[p], !sd && !overflows);
 			}
 			if (ring)
 				bench_comment("ring written_pct=%g: %d of %d rounds overflowed the %d-entry ring",
-					      pcts[p], overflows, o->reps,
+					      pcts[p], overflows, rounds,
 					      (int)ring_entries);
 			overflows = 0;
 		}

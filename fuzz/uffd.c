@@ -1090,11 +1090,13 @@ static void op_ring(void)
 	rr.consumer = p;
 	if (s->ring->flags & UFFD_RING_OVERFLOW)
 		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
-	switch (rnd(6)) {
+	switch (rnd(7)) {
 	case 0: rr.consumer = p + 1 + rnd(1000); bad = true; break;
 	case 1: if (c) { rr.consumer = c - 1; bad = true; } break;
-	case 2: rr.flags |= 1ULL << (1 + rnd(63)); bad = true; break;
+	case 2: rr.flags |= 1ULL << (2 + rnd(62)); bad = true; break;
 	case 3: rr.consumer = c + (p > c ? rnd(p - c) : 0); break;
+	/* Leaves the pages writable: their next writes go unlogged. */
+	case 4: rr.flags |= UFFDIO_RING_RESET_DISCARD; break;
 	}
 	ret = ioctl(s->fd, UFFDIO_RING_RESET, &rr);
 	/* The producer may have moved on: p + 1 can become valid. */
@@ -1103,9 +1105,12 @@ static void op_ring(void)
 		       rr.consumer <= __atomic_load_n(&s->ring->producer,
 						      __ATOMIC_ACQUIRE)),
 	      ERR_RING_RESET);
-	if (ret == 0 && !bad && rr.reprotected > rr.consumer - c)
+	if (ret == 0 && !bad &&
+	    (rr.reprotected > rr.consumer - c ||
+	     ((rr.flags & UFFDIO_RING_RESET_DISCARD) && rr.reprotected)))
 		failure(F_RING, "RING_RESET %" PRIu64 " -> %" PRIu64
-			" reprotected %" PRIu64 " entries", c, (uint64_t)rr.consumer,
+			" flags %#" PRIx64 " reprotected %" PRIu64 " entries",
+			c, (uint64_t)rr.consumer, (uint64_t)rr.flags,
 			(uint64_t)rr.reprotected);
 	ring_sane(s, "after reset");
 }

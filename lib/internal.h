@@ -84,6 +84,7 @@ struct uffdwp_tracker {
 	void *ring;			/* ring mapping */
 	size_t ring_len;
 	uint64_t ring_consumer;
+	bool ring_no_discard;		/* kernel lacks UFFDIO_RING_RESET_DISCARD */
 	struct page_region *vec;	/* PAGEMAP_SCAN output */
 	size_t vec_len;
 	_Atomic uint64_t *faulted;	/* mprotect: set by SIGSEGV handler */
@@ -91,6 +92,9 @@ struct uffdwp_tracker {
 	int slot;			/* mprotect: handler table slot */
 };
 
+/* Test seam: ring trackers created while it is set act as on a kernel
+ * without UFFDIO_RING_RESET_DISCARD (tests/lib-tracker.c). */
+extern bool uw_ring_no_discard;
 extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
 	uw_mprotect_ops;
 

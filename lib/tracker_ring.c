@@ -4,7 +4,9 @@
  * kernel appends the address of every page whose WP bit a write cleared to
  * a ring mapped read-only here; collect reads the new entries and one
  * UFFDIO_RING_RESET protects them all again.  On overflow a PAGEMAP_SCAN
- * over the regions finds every written page instead.
+ * over the regions finds every written page instead; the reset before it
+ * then discards the entries (UFFDIO_RING_RESET_DISCARD) rather than
+ * protecting pages the scan protects anyway, where the kernel allows.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -14,6 +16,8 @@
 
 #define RING_MIN	64
 #define RING_MAX	(1u << 16)
+
+bool uw_ring_no_discard;
 
 static int ring_setup(struct uffdwp_tracker *t)
 {
@@ -31,6 +35,7 @@ static int ring_setup(struct uffdwp_tracker *t)
 		return -errno;
 	t->ring = p;
 	t->ring_len = rs.mmap_size;
+	t->ring_no_discard = uw_ring_no_discard;
 	t->ring_consumer = ((struct uffd_ring_header *)p)->consumer;
 	return 0;
 }
@@ -54,7 +59,29 @@ static int ring_gather(struct uffdwp_tracker *t)
 
 	if (prod - t->ring_consumer > n)
 		overflow = true;
-	else
+	if (overflow) {
+		/*
+		 * The scan below finds the logged pages too, as they stay
+		 * writable: drop their entries unread.  The reset has to come
+		 * first, so that whatever is written from now on is either
+		 * logged afresh or found by the scan.
+		 */
+		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
+		if (!t->ring_no_discard) {
+			rr.flags |= UFFDIO_RING_RESET_DISCARD;
+			err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
+			if (err != -EINVAL)
+				goto reset_done;
+			t->ring_no_discard = true;
+			rr.flags &= ~UFFDIO_RING_RESET_DISCARD;
+		}
+	}
+	/*
+	 * A reset that does not discard protects the logged pages again, so
+	 * the scan will not see them: take them from the entries, overflow
+	 * or not.
+	 */
+	if (prod - t->ring_consumer <= n)
 		for (uint64_t i = t->ring_consumer; i < prod; i++) {
 			uint64_t e = ent[i & (n - 1)];
 
@@ -62,10 +89,9 @@ static int ring_gather(struct uffdwp_tracker *t)
 				      e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE :
 				      uw_page_size());
 		}
-	if (overflow)
-		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
 	/* Protects the logged pages again: read them only after this. */
 	err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
+reset_done:
 	if (err)
 		return err;
 	t->ring_consumer = prod;

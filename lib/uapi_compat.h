@@ -92,6 +92,11 @@ struct uffdio_ring_reset {
 #define UFFDIO_RING_RESET _IOWR(UFFDIO, _UFFDIO_RING_RESET, struct uffdio_ring_reset)
 #endif
 
+/* Added to the ring's uAPI after the rest: a kernel without it says EINVAL. */
+#ifndef UFFDIO_RING_RESET_DISCARD
+#define UFFDIO_RING_RESET_DISCARD (1ULL << 1)
+#endif
+
 /* Not part of the kernel's uAPI: entries keep flags below the page size. */
 #ifndef UFFD_RING_ENTRY_ADDR_MASK
 #define UFFD_RING_ENTRY_ADDR_MASK (~0xfffULL)

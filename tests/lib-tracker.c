@@ -7,6 +7,9 @@
  *    the caller's array is short; the backends agree with each other;
  *  - with a writer running during collects, every write is reported by a
  *    collect that returns after it (uffd and mprotect backends);
+ *  - a round that overflows the ring's largest size still reports every
+ *    written page once, and the ring serves the round after it, whether
+ *    the kernel can discard the entries or protects them first;
  *  - AUTO picks uffdwp_backend_choose(); a forced backend the kernel lacks
  *    is -EOPNOTSUPP; soft-dirty is one per process (-EBUSY); bad input is
  *    -EINVAL.
@@ -388,19 +391,95 @@ static void t_mprotect_prot(void)
 	munmap(x, 4 * psz);
 }
 
+/*
+ * One round writes more pages than the library's largest ring (65536
+ * entries) holds: the ring overflows, and collect falls back to one
+ * PAGEMAP_SCAN round after a reset that discards the entries where the
+ * kernel allows it.  Every written page is reported once and no other,
+ * and the next round, served by the ring again, reports exactly the pages
+ * written since, those written in the overflowed round included.
+ */
+#define BIG_PAGES	(65536 + 1024)
+
+/* libuffdwp's test seam (lib/internal.h): behave as on a kernel without
+ * UFFDIO_RING_RESET_DISCARD, whose overflowed reset protects the entries. */
+extern bool uw_ring_no_discard;
+
+static bool big_written(long i)
+{
+	return i % 1000 != 999;
+}
+
+static void t_ring_overflow(bool no_discard)
+{
+	const char *name = no_discard ? "tracker-ring-overflow-no-discard" :
+					"tracker-ring-overflow";
+	const long again[] = { 5, 999, BIG_PAGES - 1 };
+	struct uffdwp_tracker *t = NULL;
+	long expect = 0, bad = -1;
+	void **pages = NULL;
+	ssize_t n = -1, n2 = -1;
+	char *p;
+	int err = uffdwp_backend_available(UFFDWP_BACKEND_RING);
+
+	if (err) {
+		tap_skip(name, "backend ring unavailable on this kernel: %s",
+			 strerror(-err));
+		return;
+	}
+	p = map_guarded(BIG_PAGES);
+	pages = malloc(BIG_PAGES * sizeof(*pages));
+	if (!p || !pages)
+		tap_bail("%s: no memory", name);
+	memset(p, 1, BIG_PAGES * psz);
+	struct uffdwp_region r = { p, BIG_PAGES * psz };
+
+	uw_ring_no_discard = no_discard;
+	err = uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_RING);
+	uw_ring_no_discard = false;
+	if (err) {
+		tap_fail(name, "tracker_new: %s", strerror(-err));
+		goto out;
+	}
+	for (long i = 0; i < BIG_PAGES; i++)
+		if (big_written(i)) {
+			p[i * psz] = 2;
+			expect++;
+		}
+	n = uffdwp_tracker_collect(t, pages, BIG_PAGES);
+	for (long i = 0, k = 0; n == expect && i < BIG_PAGES && bad < 0; i++)
+		if (big_written(i) && pages[k++] != p + i * psz)
+			bad = i;
+	for (size_t i = 0; i < sizeof(again) / sizeof(again[0]); i++)
+		p[again[i] * psz] = 3;
+	n2 = uffdwp_tracker_collect(t, pages, BIG_PAGES);
+	tap_check(n == expect && bad < 0 && n2 == 3 &&
+		  pages[0] == p + again[0] * psz &&
+		  pages[1] == p + again[1] * psz &&
+		  pages[2] == p + again[2] * psz, name,
+		  "%ld pages written past a 65536-entry ring: collect %zd, first wrong page %ld; then 3 written: collect %zd",
+		  expect, n, bad, n2);
+	uffdwp_tracker_free(t);
+out:
+	free(pages);
+	munmap(p - psz, (BIG_PAGES + 2) * psz);
+}
+
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
 	area = map_guarded(PAGES);
 	if (!area)
 		tap_bail("no memory");
-	tap_plan(15);
+	tap_plan(17);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
 	t_agree();
 	t_concurrent(UFFDWP_BACKEND_RING);
 	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN);
 	t_concurrent(UFFDWP_BACKEND_MPROTECT);
+	t_ring_overflow(false);
+	t_ring_overflow(true);
 	t_errors();
 	t_mprotect_prot();
 	return tap_done();

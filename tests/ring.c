@@ -5,7 +5,8 @@
  * Every write fault the kernel resolves in async mode is logged once; a
  * full ring sets the overflow flag and the page tables (PAGEMAP_SCAN) still
  * find every written page; UFFDIO_RING_RESET re-protects what was harvested
- * so the next write is logged again; bad input gets an errno and the
+ * so the next write is logged again, or discards it for a scan to find;
+ * bad input gets an errno and the
  * mapping exposes the ring and nothing else.
  */
 #define _GNU_SOURCE
@@ -590,6 +591,77 @@ static void case_overflow(void)
 }
 
 /*
+ * UFFDIO_RING_RESET_DISCARD hands the slots back without protecting the
+ * pages: they stay writable (pagemap shows no uffd-wp bit) and are not
+ * logged again, and after an overflow one PAGEMAP_SCAN round then finds
+ * every written page, the discarded ones included, as still written.
+ */
+static void case_discard(void)
+{
+	static unsigned char seen[NPAGES];
+	struct scan_set set = { .seen = seen, .npages = NPAGES };
+	uint64_t prod, reprot = 1;
+	struct uring_view r;
+	int i, err, missing = 0, wrote = 200;
+	long scanned;
+	char *p;
+
+	if (!need_ring("reset-discard")) {
+		tap_fail("overflow-recovery-discard", "no ring");
+		return;
+	}
+	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, NPAGES, true)))
+		tap_bail("ring_open/track");
+	for (i = 0; i < 3; i++)
+		p[i * psz] = 5;
+	prod = ring_producer(&r);
+	err = ring_reset(&r, prod, UFFDIO_RING_RESET_DISCARD, &reprot);
+	{
+		bool left = !page_wp(p) && !page_wp(p + psz) &&
+			    !page_wp(p + 2 * psz) && page_wp(p + 3 * psz);
+
+		p[0] = 6;
+		p[3 * psz] = 6;
+		tap_check(prod == 3 && !err && reprot == 0 &&
+			  r.hdr->consumer == 3 && left &&
+			  ring_producer(&r) == 4 &&
+			  (ring_entry(&r, 3) & ~(uint64_t)(psz - 1)) ==
+			  (uint64_t)(unsigned long)(p + 3 * psz),
+			  "reset-discard",
+			  "producer %llu; discard %d, reprotected %llu, consumer %llu, written pages left writable %d, producer after two writes %llu",
+			  (unsigned long long)prod, err,
+			  (unsigned long long)reprot,
+			  (unsigned long long)r.hdr->consumer, left,
+			  (unsigned long long)ring_producer(&r));
+	}
+	/* Protect everything again, then overflow the ring. */
+	scan_written_reprotect(p, NPAGES * psz, NULL, NULL);
+	err = ring_reset(&r, ring_producer(&r), 0, NULL);
+	set.base = p;
+	memset(seen, 0, sizeof(seen));
+	for (i = 0; i < wrote; i++)
+		p[i * psz] = 7;
+	prod = ring_producer(&r);
+	reprot = 1;
+	if (!err)
+		err = ring_reset(&r, prod, UFFDIO_RING_RESET_CLEAR_OVERFLOW |
+				 UFFDIO_RING_RESET_DISCARD, &reprot);
+	scanned = scan_written_reprotect(p, NPAGES * psz, mark_page, &set);
+	for (i = 0; i < NPAGES; i++)
+		missing += (i < wrote) != (seen[i] > 0);
+	p[(NPAGES - 1) * psz] = 8;
+	tap_check(!err && reprot == 0 && scanned == wrote && !missing &&
+		  !set.outside && !ring_overflowed(&r) &&
+		  ring_producer(&r) == prod + 1,
+		  "overflow-recovery-discard",
+		  "reset %d, reprotected %llu, scan found %ld of %d, %d pages wrong, flag %d, producer %llu",
+		  err, (unsigned long long)reprot, scanned, wrote, missing,
+		  ring_overflowed(&r), (unsigned long long)ring_producer(&r));
+	ring_close(&r);
+	munmap(p, NPAGES * psz);
+}
+
+/*
  * Writers store increasing sequence numbers into their own pages while the
  * harvester copies every logged page into a shadow after each reset.  When
  * the writers stop, a last harvest must leave the shadow equal to memory:
@@ -640,9 +712,10 @@ static void mt_copy(unsigned long page, void *arg)
 		memcpy(s->shadow + off, s->p + off, psz);
 }
 
-static void case_multithread(void)
+static void case_multithread(bool discard)
 {
-	const char *name = "multithread-no-write-lost";
+	const char *name = discard ? "multithread-no-write-lost-discard" :
+				     "multithread-no-write-lost";
 	static uint64_t harvested[MT_RING];
 	struct mt_writer w[MT_THREADS];
 	struct mt_state s;
@@ -666,7 +739,7 @@ static void case_multithread(void)
 	}
 	start = now_ms();
 	for (rounds = 0; rounds < 60; rounds++) {
-		bool over;
+		bool over, discarding;
 
 		usleep(20000);
 		/* 60 rounds, or fewer (at least 10) when a slow guest makes
@@ -682,16 +755,19 @@ static void case_multithread(void)
 		/*
 		 * The entries are read before the reset: it hands their
 		 * slots back, and new faults overwrite them at once.  The
-		 * pages are copied after it re-protected them.
+		 * pages are copied after it re-protected them.  A discarding
+		 * reset leaves them writable for the scan to find instead.
 		 */
-		for (i = last; i < prod; i++)
+		discarding = discard && over;
+		for (i = last; i < prod && !discarding; i++)
 			harvested[i - last] = ring_entry(&r, i);
 		err = ring_reset(&r, prod,
-				 over ? UFFDIO_RING_RESET_CLEAR_OVERFLOW : 0,
+				 (over ? UFFDIO_RING_RESET_CLEAR_OVERFLOW : 0) |
+				 (discarding ? UFFDIO_RING_RESET_DISCARD : 0),
 				 NULL);
 		if (err)
 			break;
-		for (i = last; i < prod; i++)
+		for (i = last; i < prod && !discarding; i++)
 			mt_copy(harvested[i - last] & ~(uint64_t)(psz - 1), &s);
 		logged += prod - last;
 		last = prod;
@@ -966,7 +1042,7 @@ int main(void)
 {
 	psz = page_size();
 	watchdog(400);
-	tap_plan(35);
+	tap_plan(38);
 	case_feature();			/* 2 */
 	case_setup_bad();		/* 3 */
 	case_setup_order();		/* 3 */
@@ -977,7 +1053,9 @@ int main(void)
 	case_reset_bad();		/* 1 */
 	case_reset_across_tables();	/* 1 */
 	case_overflow();		/* 2 */
-	case_multithread();		/* 1 */
+	case_discard();			/* 2 */
+	case_multithread(false);	/* 1 */
+	case_multithread(true);		/* 1 */
 	case_unpopulated();		/* 1 */
 	case_thp();			/* 1 */
 	case_hugetlb();			/* 1 */

@@ -46,6 +46,9 @@ struct uffdio_ring_reset {
 #define UFFDIO_RING_RESET	_IOWR(UFFDIO, _UFFDIO_RING_RESET, \
 				      struct uffdio_ring_reset)
 #endif
+#ifndef UFFDIO_RING_RESET_DISCARD
+#define UFFDIO_RING_RESET_DISCARD		((__u64)1 << 1)
+#endif
 
 /* A ring as seen from user space: the mapping and the consumer's place. */
 struct uring_view {
