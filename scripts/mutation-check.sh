@@ -7,12 +7,37 @@
 # (collect.py already turns any other skip into "not ok"): the library's
 # "feature missing" paths for a feature this kernel has, which check no
 # write-protection.  Each must also be in that list here, by name.
+#
+# MUTATION_TAP=FILE also writes the verdict as TAP (mutation/LANE-*);
+# MUTATION_CACHED_ONLY=1 runs only when the lane's kernel is built already
+# and otherwise writes a skip saying so (make check's mutation step).
 . "$(dirname "$0")/lib.sh"
 lane=${1:-x86_64-nowp}
+tapout=${MUTATION_TAP:-}
+verdict() {	# verdict OK NAME DETAIL
+	[ -n "$tapout" ] || return 0
+	printf '%s %d mutation/%s-%s # %s\n' "$([ "$1" = 1 ] && echo ok || echo 'not ok')" \
+		"$(($(grep -c '^\(not \)\?ok' "$tapout" || true) + 1))" "$lane" "$2" "$3" >>"$tapout"
+}
+if [ -n "$tapout" ]; then
+	printf 'TAP version 13\n1..2\n' >"$tapout"
+fi
 "$TOP/scripts/deps.sh"
+if [ -n "${MUTATION_CACHED_ONLY:-}" ] &&
+   ! KERNEL_CACHED_ONLY=1 "$TOP/scripts/build-kernel.sh" "$lane" >/dev/null; then
+	if [ -n "$tapout" ]; then
+		printf 'TAP version 13\n1..1\nok 1 mutation/%s # SKIP its kernel is not built here (make mutation-check builds it)\n' \
+			"$lane" >"$tapout"
+	fi
+	exit 0
+fi
 "$TOP/scripts/lane.sh" check "$lane" || true
 tap=$BUILD/results/$lane.tap
-[ -s "$tap" ] || die "no results for $lane"
+if [ ! -s "$tap" ]; then
+	verdict 0 suites-fail "no results"
+	verdict 0 no-undeclared-skip "no results"
+	die "no results for $lane"
+fi
 load_lane "$lane"
 declared=$TOP/lanes/$SKIPS.skips
 failed=$(grep -c '^not ok' "$tap" || true)
@@ -25,5 +50,9 @@ echo "skips declared in ${declared#"$TOP"/} (no write-protection in them):"
 grep '# SKIP' "$tap" | sed 's/^/  /'
 echo "cases that still pass without uffd-wp (they check no write-protection):"
 grep -E '^ok .*(conformance|demo)/' "$tap" | sed 's/^/  /'
+verdict "$([ "$failed" -gt 0 ] && echo 1 || echo 0)" suites-fail \
+	"$failed not ok of $(grep -c '^\(not \)\?ok' "$tap") without uffd-wp"
+verdict "$([ -z "$undeclared" ] && echo 1 || echo 0)" no-undeclared-skip \
+	"undeclared skips: ${undeclared:-none}"
 [ "$failed" -gt 0 ] || die "the suites passed on a kernel without uffd-wp"
 [ -z "$undeclared" ] || die "cases skipped instead of failing: $undeclared"
