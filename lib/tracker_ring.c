@@ -45,55 +45,63 @@ static int ring_start(struct uffdwp_tracker *t)
 	return uw_async_start(t, UFFD_FEATURE_WP_RING, ring_setup);
 }
 
+/* Mark the pages of the entries from the consumer index up to PROD. */
+static void ring_mark_entries(struct uffdwp_tracker *t, uint64_t prod)
+{
+	const struct uffd_ring_header *h = t->ring;
+	const uint64_t *ent = (const uint64_t *)((const char *)t->ring +
+						 h->entry_offset);
+
+	for (uint64_t i = t->ring_consumer; i < prod; i++) {
+		uint64_t e = ent[i & (h->entries - 1)];
+
+		uw_mark_range(t, e & UFFD_RING_ENTRY_ADDR_MASK,
+			      e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE :
+			      uw_page_size());
+	}
+}
+
 static int ring_gather(struct uffdwp_tracker *t)
 {
 	struct uffd_ring_header *h = t->ring;
-	const uint64_t *ent = (const uint64_t *)((const char *)t->ring +
-						 h->entry_offset);
-	uint64_t n = h->entries;
 	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
 	bool overflow = __atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
 			UFFD_RING_OVERFLOW;
+	/* More than the ring holds: the entries are no help (the kernel's
+	 * overflow flag prevents this; the library must not trust it). */
+	bool lapped = prod - t->ring_consumer > h->entries;
 	struct uffdio_ring_reset rr = { .consumer = prod };
+	bool discarded = false;
 	int err;
 
-	if (prod - t->ring_consumer > n)
-		overflow = true;
-	if (overflow) {
+	overflow |= lapped;
+	if (overflow && !t->ring_no_discard) {
 		/*
 		 * The scan below finds the logged pages too, as they stay
 		 * writable: drop their entries unread.  The reset has to come
 		 * first, so that whatever is written from now on is either
 		 * logged afresh or found by the scan.
 		 */
-		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
-		if (!t->ring_no_discard) {
-			rr.flags |= UFFDIO_RING_RESET_DISCARD;
-			err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
-			if (err != -EINVAL)
-				goto reset_done;
-			t->ring_no_discard = true;
-			rr.flags &= ~UFFDIO_RING_RESET_DISCARD;
-		}
+		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW |
+			   UFFDIO_RING_RESET_DISCARD;
+		err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
+		if (err && err != -EINVAL)
+			return err;
+		/* -EINVAL: a kernel without the flag; reset as below */
+		t->ring_no_discard = err == -EINVAL;
+		discarded = !err;
 	}
-	/*
-	 * A reset that does not discard protects the logged pages again, so
-	 * the scan will not see them: take them from the entries, overflow
-	 * or not.
-	 */
-	if (prod - t->ring_consumer <= n)
-		for (uint64_t i = t->ring_consumer; i < prod; i++) {
-			uint64_t e = ent[i & (n - 1)];
-
-			uw_mark_range(t, e & UFFD_RING_ENTRY_ADDR_MASK,
-				      e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE :
-				      uw_page_size());
-		}
-	/* Protects the logged pages again: read them only after this. */
-	err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
-reset_done:
-	if (err)
-		return err;
+	if (!discarded) {
+		/* This reset protects the logged pages again, so the scan
+		 * will not see them: take them from the entries first. */
+		if (!lapped)
+			ring_mark_entries(t, prod);
+		rr.flags = overflow ? UFFDIO_RING_RESET_CLEAR_OVERFLOW : 0;
+		/* Read the logged pages only after this. */
+		err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
+		if (err)
+			return err;
+	}
 	t->ring_consumer = prod;
 	return overflow ? uw_scan_written(t) : 0;
 }

@@ -14,10 +14,10 @@
 . "$(dirname "$0")/lib.sh"
 lane=${1:-x86_64-nowp}
 tapout=${MUTATION_TAP:-}
-verdict() {	# verdict OK NAME DETAIL
+verdict() {	# verdict OK NUMBER NAME DETAIL
 	[ -n "$tapout" ] || return 0
 	printf '%s %d mutation/%s-%s # %s\n' "$([ "$1" = 1 ] && echo ok || echo 'not ok')" \
-		"$(($(grep -c '^\(not \)\?ok' "$tapout" || true) + 1))" "$lane" "$2" "$3" >>"$tapout"
+		"$2" "$lane" "$3" "$4" >>"$tapout"
 }
 if [ -n "$tapout" ]; then
 	printf 'TAP version 13\n1..2\n' >"$tapout"
@@ -34,8 +34,8 @@ fi
 "$TOP/scripts/lane.sh" check "$lane" || true
 tap=$BUILD/results/$lane.tap
 if [ ! -s "$tap" ]; then
-	verdict 0 suites-fail "no results"
-	verdict 0 no-undeclared-skip "no results"
+	verdict 0 1 suites-fail "no results"
+	verdict 0 2 no-undeclared-skip "no results"
 	die "no results for $lane"
 fi
 load_lane "$lane"
@@ -50,9 +50,9 @@ echo "skips declared in ${declared#"$TOP"/} (no write-protection in them):"
 grep '# SKIP' "$tap" | sed 's/^/  /'
 echo "cases that still pass without uffd-wp (they check no write-protection):"
 grep -E '^ok .*(conformance|demo)/' "$tap" | sed 's/^/  /'
-verdict "$([ "$failed" -gt 0 ] && echo 1 || echo 0)" suites-fail \
+verdict "$([ "$failed" -gt 0 ] && echo 1 || echo 0)" 1 suites-fail \
 	"$failed not ok of $(grep -c '^\(not \)\?ok' "$tap") without uffd-wp"
-verdict "$([ -z "$undeclared" ] && echo 1 || echo 0)" no-undeclared-skip \
+verdict "$([ -z "$undeclared" ] && echo 1 || echo 0)" 2 no-undeclared-skip \
 	"undeclared skips: ${undeclared:-none}"
 [ "$failed" -gt 0 ] || die "the suites passed on a kernel without uffd-wp"
 [ -z "$undeclared" ] || die "cases skipped instead of failing: $undeclared"

@@ -55,6 +55,26 @@
 
 static long psz;
 
+/*
+ * A ring of ENTRIES slots tracking NPAGES populated, write-protected pages;
+ * NULL, with NAME reported failed and the ring closed, when either fails.
+ */
+static char *tracked(struct uring_view *r, const char *name, uint64_t entries,
+		     size_t npages)
+{
+	char *p;
+
+	if (ring_open(r, entries, 0)) {
+		tap_fail(name, "ring_open failed");
+		return NULL;
+	}
+	p = ring_track(r, npages, true);
+	if (!p) {
+		tap_fail(name, "ring_track failed");
+		ring_close(r);
+	}
+	return p;
+}
 
 static void case_counts_changed(void)
 {
@@ -64,10 +84,9 @@ static void case_counts_changed(void)
 	int err, unprot = 0;
 	char *p;
 
-	if (ring_open(&r, 64, 0) || !(p = ring_track(&r, 8, true))) {
-		tap_fail(name, "ring_open/ring_track failed");
+	p = tracked(&r, name, 64, 8);
+	if (!p)
 		return;
-	}
 	p[0] = 2;				/* entry 0: page 0 */
 	p[psz] = 2;				/* entry 1: page 1 */
 	p[2 * psz] = 2;				/* entry 2: page 2 */
@@ -262,15 +281,9 @@ static void case_migrated(void)
 	long ret;
 	char *p;
 
-	if (ring_open(&r, 64, 0)) {
-		tap_fail(name, "ring_open failed");
+	p = tracked(&r, name, 64, MIG_PAGES);
+	if (!p)
 		return;
-	}
-	p = ring_track(&r, MIG_PAGES, true);
-	if (!p) {
-		tap_fail(name, "ring_track failed");
-		goto out_ring;
-	}
 	for (int i = 0; i < MIG_PAGES; i++) {
 		p[i * psz] = 3;
 		pages[i] = p + i * psz;
@@ -311,7 +324,6 @@ static void case_migrated(void)
 		  (unsigned long long)(after - prod));
 out:
 	munmap(p, MIG_PAGES * psz);
-out_ring:
 	ring_close(&r);
 }
 
@@ -329,15 +341,9 @@ static void case_forked(void)
 	pid_t pid;
 	char *p;
 
-	if (ring_open(&r, 64, 0)) {
-		tap_fail(name, "ring_open failed");
+	p = tracked(&r, name, 64, COW_PAGES);
+	if (!p)
 		return;
-	}
-	p = ring_track(&r, COW_PAGES, true);
-	if (!p) {
-		tap_fail(name, "ring_track failed");
-		goto out_ring;
-	}
 	if (pipe(fds)) {
 		tap_fail(name, "pipe: %s", strerror(errno));
 		goto out;
@@ -381,7 +387,6 @@ static void case_forked(void)
 		  status);
 out:
 	munmap(p, COW_PAGES * psz);
-out_ring:
 	ring_close(&r);
 }
 
@@ -405,9 +410,8 @@ static void case_killable(void)
 	pid_t child, w = 0;
 	char *p;
 
-	if (ring_open(&r, kill_entries, 0) ||
-	    !(p = ring_track(&r, KILL_PAGES, true))) {
-		tap_fail(name, "ring_open/ring_track failed");
+	p = tracked(&r, name, kill_entries, KILL_PAGES);
+	if (!p) {
 		tap_fail(resume, "no ring");
 		return;
 	}
