@@ -150,8 +150,10 @@ struct uffdwp_snapshot_opts {
 	void *sink_arg;
 	/* Cap on the side buffer that keeps pages written before the copier
 	 * reached them, in bytes; 0 = 16 MiB; rounded down to pages, at
-	 * least one page.  When it is full a faulting writer waits until the
-	 * copier drains it: data is never lost. */
+	 * least one page.  When it is full, further pages spill with
+	 * pwrite(2): into the sink itself when SINK_FD is a regular file
+	 * without O_APPEND (each page at its own offset), else into a memfd
+	 * the copier drains.  A writer never waits for the copier. */
 	size_t side_cap;
 	/* Flags: UFFDWP_SNAP_*. */
 	unsigned int flags;
@@ -183,7 +185,7 @@ struct uffdwp_snapshot_stats {
 	uint64_t pages_copied;	/* pages sent to the sink so far */
 	uint64_t faults;	/* write faults handled */
 	uint64_t saved;		/* pages copied to the side buffer */
-	uint64_t side_waits;	/* faults that waited for side buffer room */
+	uint64_t side_waits;	/* always 0: a full side buffer spills */
 	uint64_t side_peak;	/* side buffer high-water mark, bytes */
 	uint64_t side_cap;	/* side buffer cap, bytes */
 	uint64_t fixed_bytes;	/* other memory: chunk buffer + page states */
@@ -192,7 +194,15 @@ struct uffdwp_snapshot_stats {
 				 * (EFAULT) until the copier reached them */
 	bool done;		/* copier finished (success or not) */
 	int error;		/* 0, or the -errno that stopped it */
-	uint64_t __reserved[8];	/* room to grow: zeroed by the library */
+	uint64_t spilled;	/* pages saved to the spill file */
+	uint64_t spill_peak;	/* memfd spill high-water mark, bytes (0
+				 * when spilling into the sink file) */
+	uint64_t huge_blocks;	/* 2 MiB blocks PMD-mapped at the start */
+	uint64_t huge_saves;	/* faults that saved a whole 2 MiB block */
+	uint64_t fault_max_ns;	/* longest handling of one fault: claim,
+				 * save, unprotect (what a writer waits for
+				 * besides being woken) */
+	uint64_t __reserved[3];	/* room to grow: zeroed by the library */
 };
 
 struct uffdwp_snapshot;
@@ -206,8 +216,12 @@ struct uffdwp_snapshot;
  * it ends, so the copy is the memory state at one instant even across
  * regions).  Then a copier thread streams the regions to the sink in
  * address order while the caller's threads keep running; a write to a page
- * not yet copied saves that page to the side buffer first.  Returns at once
- * after the protect phase; *OUT receives the handle.
+ * not yet copied saves that page to the side buffer (or spills it) first,
+ * and never waits for the copier.  A write into a 2 MiB block that was
+ * PMD-mapped when the snapshot started saves the whole block at once, so
+ * the huge page stays huge.  Returns at once after the protect phase; *OUT
+ * receives the handle.  A regular file sink is written with pwrite(2) from
+ * its current offset, which is left at the end of the snapshot.
  *
  * Regions: private anonymous (or shmem/hugetlb if the kernel supports WP
  * there) read-write memory of this process, page-aligned, non-empty,
@@ -220,7 +234,7 @@ struct uffdwp_snapshot;
  *   -EOPNOTSUPP  no sync WP on anonymous memory (UFFD_FEATURE_PAGEFAULT_FLAG_WP);
  *   -EBUSY    a region is registered with another userfaultfd;
  *   -ENOMEM   out of memory;
- *   other     from uffdwp_open() or the kernel.
+ *   other     from uffdwp_open(), memfd_create(2) or the kernel.
  * Thread safety: any thread; several snapshots of disjoint regions may run
  * at once.
  */
@@ -232,8 +246,10 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
  * uffdwp_snapshot_wait - wait until the copier is done.  TIMEOUT_MS < 0
  * waits forever.  Returns 0 when the snapshot completed, -ETIMEDOUT,
  * -ECANCELED after uffdwp_snapshot_cancel(), or the error that stopped it:
- * the sink's (-errno of write(2), -ENOSPC when the sink fd accepts no more
- * bytes, or the callback's), or -EIO when protecting or unprotecting failed.
+ * the sink's (-errno of write(2) or pwrite(2), -ENOSPC when the sink fd
+ * accepts no more bytes, or the callback's), the spill file's (-errno of
+ * pwrite(2) when a page could not be saved: the writers then go on, the
+ * snapshot is lost), or -EIO when protecting or unprotecting failed.
  * Thread safety: one waiter at a time; concurrently with cancel and stats.
  */
 int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms);

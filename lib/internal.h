@@ -95,6 +95,9 @@ struct uffdwp_tracker {
 /* Test seam: ring trackers created while it is set act as on a kernel
  * without UFFDIO_RING_RESET_DISCARD (tests/lib-tracker.c). */
 extern bool uw_ring_no_discard;
+/* Test seam: when set, a snapshot's copier calls it before each chunk
+ * (tests/lib-snapshot.c holds the copier there to get writers ahead). */
+extern void (*uw_snap_before_chunk)(void);
 extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
 	uw_mprotect_ops;
 

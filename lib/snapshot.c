@@ -2,25 +2,47 @@
 /*
  * snapshot.c: point-in-time copy of memory regions while the process runs.
  *
- * Three parties share one lock and a state word per page:
+ * Two threads share an atomic state word per page:
  *   PENDING  protected, nobody copied it yet;
  *   COPYING  the copier is reading it (still protected, so unchanged);
- *   DONE     sent (or about to be) to the sink; may be unprotected;
- *   SAVED+n  a writer faulted on it first: its old contents are in side
- *            buffer slot n, the page is unprotected.
- * The fault handler (one thread) turns PENDING into SAVED, waiting while the
- * page is COPYING or the side buffer is full.  The copier walks the regions
- * in address order in chunks of at most 2 MiB (aligned, so a THP extent is
- * unprotected in one piece and not split), copying PENDING pages from
- * memory and SAVED pages from their slot, then unprotects the chunk.
+ *   CLAIMED  the fault handler is saving its old contents;
+ *   SAVED+n  saved in side buffer slot n, the page may be unprotected;
+ *   SPILLED  saved in the spill file (the side buffer was full);
+ *   DONE     in the copier's chunk buffer; may be unprotected.
+ *
+ * A writer never waits for the copier.  The fault handler claims the
+ * faulting page (PENDING -> CLAIMED), copies it to a free side buffer slot
+ * or, when the cap is reached, to the spill file with pwrite(2), and
+ * unprotects it, which wakes the writer.  A page the copier is reading is
+ * left alone: the copier unprotects its chunk (waking the writer) right
+ * after its memcpy, before the sink sees the data.  The copier walks the
+ * regions in address order in 2 MiB-aligned chunks, copies PENDING pages
+ * from memory, SAVED ones from their slot and SPILLED ones from the spill
+ * file, then unprotects the chunk and hands it to the sink.
+ *
+ * The spill file is the sink itself when the sink is a regular file
+ * written at known offsets (a page's bytes go where the stream puts them,
+ * and the copier skips them), else a memfd (pages punched out as the
+ * copier drains them).  The cap bounds the side buffer, never a writer's
+ * wait.
+ *
+ * Huge pages stay huge: before the snapshot instant PAGEMAP_SCAN finds the
+ * PMD-mapped 2 MiB blocks; a fault in one saves all of the block's pages
+ * and unprotects the block as one, so the kernel keeps the PMD mapping
+ * (unprotecting 4 KiB of it would split it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,12 +50,15 @@
 
 #define ST_PENDING	0u
 #define ST_COPYING	1u
-#define ST_DONE		2u
-#define ST_SAVED	3u	/* + slot */
+#define ST_CLAIMED	2u
+#define ST_SPILLED	3u
+#define ST_DONE		4u
+#define ST_SAVED	5u	/* + slot */
 
 #define CHUNK		UW_HPAGE_SIZE
 #define DEFAULT_CAP	(16UL << 20)
 #define MSGS		32
+#define SCAN_VEC	256
 /* The fd sink issues write(2)s of at most this much: on some kernels the
  * cost of one write(2) into tmpfs grows faster than its length (a 2 MiB
  * write took ~1.4 s in the riscv64 TCG guest, 128 x 16 KiB ~35 ms).  It
@@ -41,6 +66,8 @@
 #define SINK_WRITE_MAX	(16UL << 10)
 #define SNAP_FLAGS	(UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_NO_UNPOPULATED | \
 			 UFFDWP_SNAP_USER_MODE_ONLY)
+
+void (*uw_snap_before_chunk)(void);
 
 struct uffdwp_snapshot {
 	size_t self_len;
@@ -50,20 +77,33 @@ struct uffdwp_snapshot {
 	pthread_t handler, copier;
 	bool handler_started, copier_started, registered;
 
-	pthread_mutex_t lock;
-	pthread_cond_t changed;		/* page state or free slots changed */
+	pthread_mutex_t lock;		/* done, error, the stats */
+	pthread_cond_t changed;		/* go or cancel changed */
 	pthread_cond_t finished;	/* done became true */
 	bool go;			/* protect phase over */
 	bool cancel;
 	bool done;
 	int error;
+	int spill_error;		/* the handler could not save a page */
 
-	uint32_t *state;
+	_Atomic uint32_t *state;
 	size_t state_len;
+	_Atomic uint64_t *huge;		/* page bits: in a PMD-mapped block */
+	size_t huge_len;
 	char *side;
+	pthread_mutex_t slot_lock;	/* free_slot, nfree: held for a push
+					 * or a pop, never across a copy */
 	uint32_t *free_slot;		/* stack of free slot numbers */
 	size_t nslots, nfree, slots_len;
 	char *chunk;
+
+	/* Spill: pages go to SPILL_FD at SPILL_BASE + page index * page
+	 * size.  SINK_POSITIONAL: that is the sink file itself, written by
+	 * the copier with pwrite(2) at the same offsets. */
+	int spill_fd;
+	bool spill_is_memfd, sink_positional;
+	off_t spill_base;
+	uint64_t spill_bytes;		/* memfd: held now */
 
 	struct uffdwp_snapshot_stats st;
 	uint64_t t_start;
@@ -84,6 +124,11 @@ static void finish(struct uffdwp_snapshot *s, int err)
 	pthread_mutex_unlock(&s->lock);
 }
 
+static bool cancelled(struct uffdwp_snapshot *s)
+{
+	return __atomic_load_n(&s->cancel, __ATOMIC_ACQUIRE);
+}
+
 static int unprotect_all(struct uffdwp_snapshot *s)
 {
 	int ret = 0;
@@ -99,50 +144,202 @@ static int unprotect_all(struct uffdwp_snapshot *s)
 	return ret;
 }
 
+/* Stop saving: record ERR (the first one wins), let every writer go. */
+static void abort_snapshot(struct uffdwp_snapshot *s, int err)
+{
+	pthread_mutex_lock(&s->lock);
+	if (!s->spill_error)
+		s->spill_error = err;
+	__atomic_store_n(&s->cancel, true, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	unprotect_all(s);
+}
+
+static bool in_huge(struct uffdwp_snapshot *s, size_t idx)
+{
+	return s->huge && (atomic_load_explicit(&s->huge[idx / 64],
+						memory_order_relaxed) >>
+			   (idx % 64) & 1);
+}
+
+static int pwrite_all(int fd, const char *p, size_t len, off_t off)
+{
+	while (len) {
+		ssize_t w = pwrite(fd, p, len < SINK_WRITE_MAX ? len :
+				   SINK_WRITE_MAX, off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -ENOSPC;
+		p += w;
+		off += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+static int pread_all(int fd, char *p, size_t len, off_t off)
+{
+	while (len) {
+		ssize_t r = pread(fd, p, len, off);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)	/* a hole past the end: never written */
+			return -EIO;
+		p += r;
+		off += r;
+		len -= (size_t)r;
+	}
+	return 0;
+}
+
 /* ---- fault handler ---- */
 
-static void save_page(struct uffdwp_snapshot *s, uintptr_t addr)
+static bool take_slot(struct uffdwp_snapshot *s, uint32_t *slot)
 {
-	size_t psz = uw_page_size();
-	long idx = uw_page_index(&s->rs, addr);
-	bool waited = false;
+	size_t psz = uw_page_size(), used;
+	bool ok = false;
 
-	if (idx >= 0) {
+	pthread_mutex_lock(&s->slot_lock);
+	if (s->nfree) {
+		*slot = s->free_slot[--s->nfree];
+		ok = true;
+	}
+	used = (s->nslots - s->nfree) * psz;
+	pthread_mutex_unlock(&s->slot_lock);
+	if (ok) {
 		pthread_mutex_lock(&s->lock);
-		while (!s->cancel) {
-			uint32_t st = s->state[idx];
-
-			if (st == ST_COPYING) {
-				pthread_cond_wait(&s->changed, &s->lock);
-				continue;
-			}
-			if (st != ST_PENDING)
-				break;
-			if (!s->nfree) {
-				if (!waited)
-					s->st.side_waits++;
-				waited = true;
-				pthread_cond_wait(&s->changed, &s->lock);
-				continue;
-			}
-			uint32_t slot = s->free_slot[--s->nfree];
-
-			memcpy(s->side + (size_t)slot * psz, (void *)addr, psz);
-			s->state[idx] = ST_SAVED + slot;
-			s->st.saved++;
-			if ((s->nslots - s->nfree) * psz > s->st.side_peak)
-				s->st.side_peak = (s->nslots - s->nfree) * psz;
-			break;
-		}
-		s->st.faults++;
+		if (used > s->st.side_peak)
+			s->st.side_peak = used;
 		pthread_mutex_unlock(&s->lock);
 	}
-	/* Unprotect (mode 0) also wakes the writer. */
-	if (uw_protect(s->uffd, addr, psz, false, true) &&
-	    !__atomic_load_n(&s->cancel, __ATOMIC_ACQUIRE)) {
-		/* Cannot happen on a live region; never leave a writer stuck. */
-		unprotect_all(s);
+	return ok;
+}
+
+/* Save the old contents of the N claimed pages from page index IDX (at
+ * ADDR): to side buffer slots while there are free ones, the rest to the
+ * spill file in runs.  Returns 0, or the spill file's -errno after
+ * failing the snapshot (abort_snapshot()). */
+static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
+			size_t n)
+{
+	size_t psz = uw_page_size(), saved = 0, spilled = 0;
+	int err = 0;
+
+	for (size_t i = 0; i < n && !err;) {
+		uint32_t slot;
+
+		if (atomic_load_explicit(&s->state[idx + i],
+					 memory_order_relaxed) != ST_CLAIMED) {
+			i++;
+			continue;
+		}
+		if (take_slot(s, &slot)) {
+			memcpy(s->side + (size_t)slot * psz,
+			       (void *)(addr + i * psz), psz);
+			atomic_store_explicit(&s->state[idx + i],
+					      ST_SAVED + slot,
+					      memory_order_release);
+			saved++;
+			i++;
+			continue;
+		}
+		/* The side buffer is full: spill this run of claimed pages. */
+		size_t j = i;
+
+		while (j < n && atomic_load_explicit(&s->state[idx + j],
+						     memory_order_relaxed) ==
+				ST_CLAIMED)
+			j++;
+		err = pwrite_all(s->spill_fd, (const char *)(addr + i * psz),
+				 (j - i) * psz,
+				 s->spill_base + (off_t)((idx + i) * psz));
+		/* Fail the snapshot before the copier can see these pages
+		 * settle without their contents. */
+		if (err)
+			abort_snapshot(s, err);
+		for (size_t k = i; k < j; k++)
+			atomic_store_explicit(&s->state[idx + k],
+					      err ? ST_DONE : ST_SPILLED,
+					      memory_order_release);
+		if (!err)
+			spilled += j - i;
+		i = j;
 	}
+	pthread_mutex_lock(&s->lock);
+	s->st.saved += saved;
+	s->st.spilled += spilled;
+	if (s->spill_is_memfd) {
+		s->spill_bytes += spilled * psz;
+		if (s->spill_bytes > s->st.spill_peak)
+			s->st.spill_peak = s->spill_bytes;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return err;
+}
+
+/*
+ * A write fault at ADDR: the page, or its whole 2 MiB block when that was
+ * PMD-mapped, is saved and unprotected.  Pages the copier is reading are
+ * left to it (its unprotect wakes the writer).
+ */
+static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
+{
+	size_t psz = uw_page_size(), n = 1;
+	long idx = uw_page_index(&s->rs, addr);
+	bool copier_has_it = false, huge = false;
+	uint64_t t0 = uw_now_ns();
+	int err = 0;
+
+	if (idx >= 0 && in_huge(s, (size_t)idx)) {
+		uintptr_t block = addr & ~(uintptr_t)(UW_HPAGE_SIZE - 1);
+
+		idx -= (long)((addr - block) / psz);
+		addr = block;
+		n = UW_HPAGE_SIZE / psz;
+		huge = true;
+	}
+	if (idx >= 0 && !cancelled(s)) {
+		size_t claimed = 0;
+
+		for (size_t i = 0; i < n; i++) {
+			uint32_t old = ST_PENDING;
+
+			if (atomic_compare_exchange_strong_explicit(
+				    &s->state[idx + i], &old, ST_CLAIMED,
+				    memory_order_acquire, memory_order_relaxed))
+				claimed++;
+			else if (old == ST_COPYING)
+				copier_has_it = true;
+		}
+		if (claimed)
+			err = save_claimed(s, (size_t)idx, addr, n);
+		pthread_mutex_lock(&s->lock);
+		s->st.faults++;
+		if (huge && claimed)
+			s->st.huge_saves++;
+		pthread_mutex_unlock(&s->lock);
+	}
+	if (err)	/* save_claimed() failed the snapshot: writers go */
+		return;
+	if (copier_has_it)
+		return;
+	/* Unprotect (mode 0) also wakes the writer. */
+	if (uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
+		/* Cannot happen on a live region; never leave a writer stuck. */
+		abort_snapshot(s, -EIO);
+	t0 = uw_now_ns() - t0;
+	pthread_mutex_lock(&s->lock);
+	if (t0 > s->st.fault_max_ns)
+		s->st.fault_max_ns = t0;
+	pthread_mutex_unlock(&s->lock);
 }
 
 static void *handler_main(void *arg)
@@ -176,8 +373,8 @@ static void *handler_main(void *arg)
 		for (size_t i = 0; i < (size_t)n / sizeof(msg[0]); i++) {
 			if (msg[i].event != UFFD_EVENT_PAGEFAULT)
 				continue;
-			save_page(s, (uintptr_t)msg[i].arg.pagefault.address &
-				     ~(uintptr_t)(uw_page_size() - 1));
+			handle_fault(s, (uintptr_t)msg[i].arg.pagefault.address &
+					~(uintptr_t)(uw_page_size() - 1));
 		}
 	}
 	return NULL;
@@ -185,12 +382,40 @@ static void *handler_main(void *arg)
 
 /* ---- copier ---- */
 
-static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
+static bool spilled_at(struct uffdwp_snapshot *s, size_t first, size_t i)
 {
+	return s->sink_positional &&
+	       atomic_load_explicit(&s->state[first + i],
+				    memory_order_relaxed) == ST_SPILLED;
+}
+
+/* Hand the chunk buffer (LEN bytes from ADDR, page index FIRST) to the
+ * sink.  A positional sink gets every run of pages not already spilled
+ * into it at their own offsets. */
+static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
+		size_t len)
+{
+	size_t psz = uw_page_size(), n = len / psz;
 	const char *p = s->chunk;
 
 	if (s->opts.sink)
 		return s->opts.sink(s->opts.sink_arg, (void *)addr, p, len);
+	if (s->sink_positional) {
+		for (size_t i = 0; i < n;) {
+			size_t j = i;
+			int err;
+
+			while (j < n && !spilled_at(s, first, j))
+				j++;
+			err = pwrite_all(s->opts.sink_fd, p + i * psz,
+					 (j - i) * psz, s->spill_base +
+					 (off_t)((first + i) * psz));
+			if (err)
+				return err;
+			i = j + (j == i);
+		}
+		return 0;
+	}
 	while (len) {
 		ssize_t w = write(s->opts.sink_fd, p,
 				  len < SINK_WRITE_MAX ? len : SINK_WRITE_MAX);
@@ -207,49 +432,96 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 	return 0;
 }
 
+/* Wait for the handler to finish saving page FIRST + I (a page copy). */
+static uint32_t settled(struct uffdwp_snapshot *s, size_t idx)
+{
+	uint32_t st;
+
+	while ((st = atomic_load_explicit(&s->state[idx],
+					  memory_order_acquire)) == ST_CLAIMED)
+		sched_yield();
+	return st;
+}
+
+/* Fill the chunk buffer's page I (page index FIRST + I) from where the
+ * handler saved it.  Returns 0 or -errno of the spill file. */
+static int fetch_saved(struct uffdwp_snapshot *s, size_t first, size_t i,
+		       uint32_t st)
+{
+	size_t psz = uw_page_size();
+	off_t off = s->spill_base + (off_t)((first + i) * psz);
+	int err;
+
+	if (st >= ST_SAVED) {
+		uint32_t slot = st - ST_SAVED;
+
+		memcpy(s->chunk + i * psz, s->side + (size_t)slot * psz, psz);
+		pthread_mutex_lock(&s->slot_lock);
+		s->free_slot[s->nfree++] = slot;
+		pthread_mutex_unlock(&s->slot_lock);
+		return 0;
+	}
+	if (st != ST_SPILLED || s->sink_positional)
+		return 0;
+	err = pread_all(s->spill_fd, s->chunk + i * psz, psz, off);
+	if (err)
+		return err;
+	/* Give the memory back; failing to is not worth failing for. */
+	fallocate(s->spill_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+		  off, (off_t)psz);
+	pthread_mutex_lock(&s->lock);
+	s->spill_bytes -= psz;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
 static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 {
 	size_t psz = uw_page_size(), n = len / psz;
 	size_t first = (size_t)uw_page_index(&s->rs, addr);
-	uint32_t *st = s->state + first;
-	int err;
+	_Atomic uint32_t *st = s->state + first;
+	int err = 0;
 
-	pthread_mutex_lock(&s->lock);
-	for (size_t i = 0; i < n; i++)
-		if (st[i] == ST_PENDING)
-			st[i] = ST_COPYING;
-	pthread_mutex_unlock(&s->lock);
+	for (size_t i = 0; i < n; i++) {
+		uint32_t old = ST_PENDING;
 
-	/* Protected pages cannot change: copy them without the lock. */
+		atomic_compare_exchange_strong_explicit(&st[i], &old,
+							ST_COPYING,
+							memory_order_acquire,
+							memory_order_relaxed);
+	}
+	/* Protected pages cannot change: copy them as they are. */
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
 
-		while (j < n && st[j] == ST_COPYING)
+		while (j < n && atomic_load_explicit(&st[j],
+						     memory_order_relaxed) ==
+				ST_COPYING)
 			j++;
 		if (j > i)
 			memcpy(s->chunk + i * psz, (void *)(addr + i * psz),
 			       (j - i) * psz);
 		i = j + (j == i);
 	}
-
-	pthread_mutex_lock(&s->lock);
 	for (size_t i = 0; i < n; i++) {
-		if (st[i] >= ST_SAVED) {
-			uint32_t slot = st[i] - ST_SAVED;
+		uint32_t now = settled(s, first + i);
+		int e = fetch_saved(s, first, i, now);
 
-			memcpy(s->chunk + i * psz, s->side + (size_t)slot * psz,
-			       psz);
-			s->free_slot[s->nfree++] = slot;
-		}
-		st[i] = ST_DONE;
+		if (e && !err)
+			err = e;
+		/* A page spilled into a positional sink stays SPILLED: the
+		 * sink skips it. */
+		if (!(now == ST_SPILLED && s->sink_positional))
+			atomic_store_explicit(&st[i], ST_DONE,
+					      memory_order_release);
 	}
-	pthread_cond_broadcast(&s->changed);
-	pthread_mutex_unlock(&s->lock);
-
-	err = uw_protect(s->uffd, addr, len, false, true);
-	if (err)
+	if (uw_protect(s->uffd, addr, len, false, true))
 		return -EIO;
-	err = sink(s, addr, len);
+	if (err)
+		return err;
+	if (cancelled(s))	/* a page of it may be missing */
+		return -ECANCELED;
+	err = sink(s, addr, first, len);
 	if (err)
 		return err < 0 ? err : -EIO;
 	pthread_mutex_lock(&s->lock);
@@ -276,17 +548,25 @@ static void *copier_main(void *arg)
 
 			if (next > end)
 				next = end;
-			if (__atomic_load_n(&s->cancel, __ATOMIC_ACQUIRE))
+			if (uw_snap_before_chunk)
+				uw_snap_before_chunk();
+			if (cancelled(s))
 				err = -ECANCELED;
 			else
 				err = copy_chunk(s, a, next - a);
 			a = next;
 		}
 	}
+	if (!err && s->sink_positional &&
+	    lseek(s->opts.sink_fd, s->spill_base +
+		  (off_t)(s->rs.pages * uw_page_size()), SEEK_SET) < 0)
+		err = -errno;
 	if (err) {
 		/* Let every writer go: nothing more will be saved. */
 		pthread_mutex_lock(&s->lock);
 		s->cancel = true;
+		if (err == -ECANCELED && s->spill_error)
+			err = s->spill_error;
 		pthread_cond_broadcast(&s->changed);
 		pthread_mutex_unlock(&s->lock);
 		unprotect_all(s);
@@ -319,20 +599,98 @@ static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 	if (s->nslots > UINT32_MAX - ST_SAVED)
 		s->nslots = UINT32_MAX - ST_SAVED;
 	s->state_len = (s->rs.pages * sizeof(uint32_t) + psz - 1) / psz * psz;
+	s->huge_len = ((s->rs.pages + 63) / 64 * 8 + psz - 1) / psz * psz;
 	s->slots_len = (s->nslots * sizeof(uint32_t) + psz - 1) / psz * psz;
 	s->state = uw_alloc(s->state_len);
+	s->huge = uw_alloc(s->huge_len);
 	s->free_slot = uw_alloc(s->slots_len);
 	s->side = uw_alloc(s->nslots * psz);
 	s->chunk = uw_alloc(CHUNK);
-	if (!s->state || !s->free_slot || !s->side || !s->chunk)
+	if (!s->state || !s->huge || !s->free_slot || !s->side || !s->chunk)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->nslots; i++)
 		s->free_slot[i] = (uint32_t)(s->nslots - 1 - i);
 	s->nfree = s->nslots;
 	s->st.side_cap = s->nslots * psz;
-	s->st.fixed_bytes = CHUNK + s->state_len + s->slots_len;
+	s->st.fixed_bytes = CHUNK + s->state_len + s->huge_len + s->slots_len;
 	s->st.pages = s->rs.pages;
 	return 0;
+}
+
+/*
+ * Where spilled pages go.  A regular file sink without O_APPEND is written
+ * at offsets from its current position, so a page can go straight to its
+ * place in it; anything else spills to a memfd.
+ */
+static int setup_spill(struct uffdwp_snapshot *s)
+{
+	int fd = s->opts.sink_fd, fl;
+	struct stat sb;
+	off_t pos;
+
+	if (!s->opts.sink && !fstat(fd, &sb) && S_ISREG(sb.st_mode) &&
+	    (fl = fcntl(fd, F_GETFL)) >= 0 && !(fl & O_APPEND) &&
+	    (pos = lseek(fd, 0, SEEK_CUR)) >= 0) {
+		s->sink_positional = true;
+		s->spill_fd = fd;
+		s->spill_base = pos;
+		return 0;
+	}
+	s->spill_fd = memfd_create("uffdwp-spill", MFD_CLOEXEC);
+	if (s->spill_fd < 0)
+		return -errno;
+	s->spill_is_memfd = true;
+	return 0;
+}
+
+/* Mark the pages of every 2 MiB block that is PMD-mapped now.  Best
+ * effort: without PAGEMAP_SCAN every fault saves a single page. */
+static void find_huge_blocks(struct uffdwp_snapshot *s)
+{
+	struct page_region vec[SCAN_VEC];
+	size_t psz = uw_page_size();
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	for (size_t r = 0; r < s->rs.nr; r++) {
+		uintptr_t start = (uintptr_t)s->rs.r[r].addr;
+		uintptr_t end = start + s->rs.r[r].len;
+
+		while (start < end) {
+			struct pm_scan_arg arg = {
+				.size = sizeof(arg),
+				.start = start,
+				.end = end,
+				.vec = (uintptr_t)vec,
+				.vec_len = SCAN_VEC,
+				.category_mask = PAGE_IS_HUGE,
+				.return_mask = PAGE_IS_HUGE,
+			};
+			int n = ioctl(fd, PAGEMAP_SCAN, &arg);
+
+			if (n < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			if (n < 0 || arg.walk_end <= start)
+				break;
+			for (int k = 0; k < n; k++) {
+				uintptr_t b = (vec[k].start + UW_HPAGE_SIZE - 1) &
+					      ~(uintptr_t)(UW_HPAGE_SIZE - 1);
+
+				for (; b + UW_HPAGE_SIZE <= vec[k].end;
+				     b += UW_HPAGE_SIZE) {
+					size_t i = (size_t)uw_page_index(&s->rs, b);
+
+					for (size_t p = 0; p < UW_HPAGE_SIZE / psz;
+					     p++)
+						uw_bit_set(s->huge, i + p);
+					s->st.huge_blocks++;
+				}
+			}
+			start = arg.walk_end;
+		}
+	}
+	close(fd);
 }
 
 static void destroy(struct uffdwp_snapshot *s)
@@ -358,17 +716,20 @@ static void destroy(struct uffdwp_snapshot *s)
 		close(s->uffd);
 	if (s->stop_fd >= 0)
 		close(s->stop_fd);
+	if (s->spill_is_memfd)
+		close(s->spill_fd);
 	uw_free(s->state, s->state_len);
+	uw_free(s->huge, s->huge_len);
 	uw_free(s->free_slot, s->slots_len);
 	uw_free(s->side, s->nslots * psz);
 	uw_free(s->chunk, CHUNK);
 	uw_regions_fini(&s->rs);
 	pthread_mutex_destroy(&s->lock);
+	pthread_mutex_destroy(&s->slot_lock);
 	pthread_cond_destroy(&s->changed);
 	pthread_cond_destroy(&s->finished);
 	uw_free(s, s->self_len);
 }
-
 int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 			  const struct uffdwp_region *regions, size_t nr,
 			  const struct uffdwp_snapshot_opts *opts)
@@ -397,10 +758,11 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 		return -ENOMEM;
 	memset(s, 0, sizeof(*s));
 	s->self_len = self_len;
-	s->uffd = s->stop_fd = -1;
+	s->uffd = s->stop_fd = s->spill_fd = -1;
 	s->opts = *opts;
 	s->t_start = uw_now_ns();
 	pthread_mutex_init(&s->lock, NULL);
+	pthread_mutex_init(&s->slot_lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->changed, NULL);
@@ -436,6 +798,8 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 		goto fail;
 	s->uffd = err;
 	err = alloc_buffers(s, opts->side_cap ? opts->side_cap : DEFAULT_CAP);
+	if (!err)
+		err = setup_spill(s);
 	if (err)
 		goto fail;
 	/* On failure uw_register_wp() undoes what it did. */
@@ -448,6 +812,7 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 		if (err)
 			goto fail;
 	}
+	find_huge_blocks(s);
 	s->stop_fd = eventfd(0, EFD_CLOEXEC);
 	if (s->stop_fd < 0) {
 		err = -errno;

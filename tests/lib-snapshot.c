@@ -8,7 +8,14 @@
  *    mixes two instants;
  *  - writes to pages the copier has not reached yet leave the old contents
  *    in the snapshot and the new ones in memory, with the side buffer never
- *    above its cap (writers wait instead);
+ *    above its cap (further pages spill);
+ *  - no writer waits for the copier: with the copier held before its first
+ *    chunk and a one-page cap, a writer rewrites every page, for a callback,
+ *    a pipe (memfd spill) and a regular file sink (spilled into the file at
+ *    each page's offset, position left at the end); a spill that fails
+ *    (RLIMIT_FSIZE) fails the snapshot and lets the writer go;
+ *  - a write into a PMD-mapped THP saves its whole 2 MiB block and keeps
+ *    it PMD-mapped;
  *  - never-touched memory snapshots as zeroes, with and without
  *    WP_UNPOPULATED; THP-backed memory snapshots exactly;
  *  - cancel and a failing sink stop the snapshot and release every writer;
@@ -21,11 +28,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -408,26 +418,29 @@ static void t_verify_rejects_mixed(void)
 	free(b);
 }
 
-/* A thread that writes one byte per page, last page first. */
+/* A thread that writes 0xAB at OFF in each of PAGES pieces of STEP bytes
+ * (0: the page size), last piece first. */
 struct rev_writer {
 	pthread_t th;
 	char *p;
-	size_t pages;
+	size_t pages, step, off;
 	volatile int done;
 };
 
 static void *rev_main(void *arg)
 {
 	struct rev_writer *w = arg;
+	size_t step = w->step ? w->step : (size_t)psz;
 
 	for (size_t i = w->pages; i-- > 0;)
-		w->p[i * psz] = (char)0xAB;
+		w->p[i * step + w->off] = (char)0xAB;
 	w->done = 1;
 	return NULL;
 }
 
 /* Writes far ahead of the copier with a 2-page cap: old data in the
- * snapshot, new data in memory, side buffer never above the cap. */
+ * snapshot, new data in memory, side buffer never above the cap, the rest
+ * spilled. */
 static void t_cap(void)
 {
 	size_t pages = 2048, len = pages * psz;	/* 4 chunks */
@@ -461,15 +474,17 @@ static void t_cap(void)
 		mem_ok &= p[i * psz] == (char)0xAB;
 	tap_check(!err && !memcmp(buf, expect, len) && mem_ok &&
 		  st.side_cap == 2 * (uint64_t)psz && st.side_peak <= st.side_cap &&
-		  st.saved > 0, "snapshot-cap",
-		  "err %d, snapshot %s, memory %s, side peak %llu cap %llu, saved %llu",
+		  st.saved > 0 && !st.side_waits, "snapshot-cap",
+		  "err %d, snapshot %s, memory %s, side peak %llu cap %llu, saved %llu, waited %llu",
 		  err, memcmp(buf, expect, len) ? "differs" : "same",
 		  mem_ok ? "written" : "NOT written",
 		  (unsigned long long)st.side_peak,
-		  (unsigned long long)st.side_cap, (unsigned long long)st.saved);
-	tap_diag("cap: %llu faults, %llu saved, %llu waited for room",
+		  (unsigned long long)st.side_cap, (unsigned long long)st.saved,
+		  (unsigned long long)st.side_waits);
+	tap_diag("cap: %llu faults, %llu saved, %llu spilled (memfd peak %llu KiB)",
 		 (unsigned long long)st.faults, (unsigned long long)st.saved,
-		 (unsigned long long)st.side_waits);
+		 (unsigned long long)st.spilled,
+		 (unsigned long long)(st.spill_peak >> 10));
 	free(expect);
 	free(buf);
 }
@@ -550,7 +565,7 @@ static void t_cancel(void)
 	collect_init(&c, buf, &r, 1);
 	c.delay_us = 300000;
 	o.sink_arg = &c;
-	o.side_cap = psz;	/* the writer blocks after one saved page */
+	o.side_cap = psz;	/* one saved page, the rest spilled */
 	err = uffdwp_snapshot_start(&s, &r, 1, &o);
 	if (!err) {
 		pthread_create(&w.th, NULL, rev_main, &w);
@@ -680,6 +695,372 @@ out:
 	if (p)
 		munmap(p, len);
 }
+/* ---- writers never wait for the copier ---- */
+
+/* libuffdwp's test seam (lib/internal.h): called by the copier before each
+ * chunk.  gate_hold() holds it there until gate_open(). */
+extern void (*uw_snap_before_chunk)(void);
+
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static bool gate_closed;
+
+static void gate_wait(void)
+{
+	pthread_mutex_lock(&gate_lock);
+	while (gate_closed)
+		pthread_cond_wait(&gate_cond, &gate_lock);
+	pthread_mutex_unlock(&gate_lock);
+}
+
+static void gate_hold(void)
+{
+	gate_closed = true;
+	uw_snap_before_chunk = gate_wait;
+}
+
+static void gate_open(void)
+{
+	pthread_mutex_lock(&gate_lock);
+	gate_closed = false;
+	pthread_cond_broadcast(&gate_cond);
+	pthread_mutex_unlock(&gate_lock);
+}
+
+static void gate_remove(void)
+{
+	gate_open();
+	uw_snap_before_chunk = NULL;
+}
+
+/* Wait up to 60 s for W to finish: the positive signal that it was not
+ * held (a held writer makes the test fail, not hang). */
+static bool writer_finished(volatile int *done)
+{
+	for (int i = 0; i < 6000 && !*done; i++)
+		usleep(10000);
+	return *done;
+}
+
+/* Reads a pipe into BUF until LEN bytes or end of file. */
+struct pipe_reader {
+	pthread_t th;
+	int fd;
+	char *buf;
+	size_t len, got;
+};
+
+static void *pipe_reader_main(void *arg)
+{
+	struct pipe_reader *pr = arg;
+
+	while (pr->got < pr->len) {
+		ssize_t n = read(pr->fd, pr->buf + pr->got, pr->len - pr->got);
+
+		if (n <= 0)
+			break;
+		pr->got += (size_t)n;
+	}
+	return NULL;
+}
+
+/* Number of PMD-mapped 2 MiB blocks in [P, P + LEN), or -errno. */
+static long huge_blocks(char *p, size_t len);
+
+/*
+ * Snapshot R with the copier held before its first chunk while W runs.
+ * *HELD_OK: W finished while the copier was held (within 60 s; then the
+ * copier is let go anyway).  MID: the stats at that point, and *HUGE_MID
+ * (if not NULL) the PMD-mapped blocks of R then; ST: the stats at the end.
+ * Returns the start's or the wait's error.
+ */
+static int run_held(struct uffdwp_region *r, struct uffdwp_snapshot_opts *o,
+		    struct rev_writer *w, bool *held_ok,
+		    struct uffdwp_snapshot_stats *mid,
+		    struct uffdwp_snapshot_stats *st, long *huge_mid)
+{
+	struct uffdwp_snapshot *s = NULL;
+	int err;
+
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, r, 1, o);
+	if (!err) {
+		pthread_create(&w->th, NULL, rev_main, w);
+		*held_ok = writer_finished(&w->done);
+		uffdwp_snapshot_stats(s, mid);
+		if (huge_mid)
+			*huge_mid = huge_blocks(r->addr, r->len);
+		gate_open();
+		err = uffdwp_snapshot_wait(s, 120000);
+		pthread_join(w->th, NULL);
+		uffdwp_snapshot_stats(s, st);
+		uffdwp_snapshot_free(s);
+	}
+	gate_remove();
+	return err;
+}
+
+enum sink_kind { SINK_CALLBACK, SINK_PIPE, SINK_FILE };
+
+/*
+ * snapshot-never-waits-{callback,pipe,file}: the copier is held before its
+ * first chunk and the cap is one page, so every page a writer touches must
+ * be saved without the copier: one in the side buffer, the rest spilled.
+ * The writer must finish while the copier is still held; then the
+ * snapshot is the memory before the writes.  The file sink starts at an
+ * offset of 16 bytes and must end positioned after the last page.
+ */
+static void t_never_waits_one(enum sink_kind kind)
+{
+	static const char *const names[] = {
+		"snapshot-never-waits-callback", "snapshot-never-waits-pipe",
+		"snapshot-never-waits-file",
+	};
+	const char *name = names[kind];
+	size_t pages = 2048, len = pages * psz;	/* 4 chunks of 2 MiB */
+	char *p = map(len, false), *expect = malloc(len), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .side_cap = psz };
+	struct uffdwp_snapshot_stats st = { 0 }, mid = { 0 };
+	struct rev_writer w = { .p = p, .pages = pages };
+	struct pipe_reader pr = { .fd = -1, .buf = buf, .len = len };
+	int pfd[2] = { -1, -1 }, fd = -1, err;
+	bool held_ok = false, mem_ok = true, data_ok, pos_ok = true;
+	struct collect c;
+	off_t end = 0;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 11 + kind);
+	memcpy(expect, p, len);
+	memset(buf, 0, len);
+	if (kind == SINK_CALLBACK) {
+		collect_init(&c, buf, &r, 1);
+		o.sink = collect_fn;
+		o.sink_arg = &c;
+	} else if (kind == SINK_PIPE) {
+		if (pipe2(pfd, O_CLOEXEC)) {
+			tap_fail(name, "pipe: %s", strerror(errno));
+			return;
+		}
+		o.sink_fd = pfd[1];
+		pr.fd = pfd[0];
+		pthread_create(&pr.th, NULL, pipe_reader_main, &pr);
+	} else {
+		char tmpl[] = "/tmp/lib-snapshot-XXXXXX";
+
+		fd = mkostemp(tmpl, O_CLOEXEC);
+		if (fd < 0 || write(fd, "sixteen bytes in", 16) != 16) {
+			tap_fail(name, "temporary file: %s", strerror(errno));
+			return;
+		}
+		unlink(tmpl);
+		o.sink_fd = fd;
+	}
+	err = run_held(&r, &o, &w, &held_ok, &mid, &st, NULL);
+	if (kind == SINK_PIPE) {
+		close(pfd[1]);
+		pthread_join(pr.th, NULL);
+		close(pfd[0]);
+	} else if (kind == SINK_FILE) {
+		end = lseek(fd, 0, SEEK_CUR);
+		pos_ok = end == (off_t)(16 + len) &&
+			 pread(fd, buf, len, 16) == (ssize_t)len;
+		close(fd);
+	}
+	for (size_t i = 0; i < pages; i++)
+		mem_ok &= p[i * psz] == (char)0xAB;
+	data_ok = !memcmp(buf, expect, len);
+	tap_check(!err && held_ok && data_ok && mem_ok && pos_ok &&
+		  mid.saved == 1 && mid.spilled == pages - 1 &&
+		  mid.fault_max_ns > 0 && !mid.huge_blocks &&
+		  st.side_peak == (uint64_t)psz && !st.side_waits &&
+		  (kind == SINK_FILE ? !st.spill_peak :
+		   st.spill_peak == (pages - 1) * psz),
+		  name,
+		  "err %d, writer %s, snapshot %s, memory %s, file end %lld, saved %llu spilled %llu while held, longest fault %llu ns, huge blocks %llu, side peak %llu, memfd peak %llu",
+		  err, held_ok ? "done while the copier was held" : "HELD",
+		  data_ok ? "same" : "differs", mem_ok ? "written" : "NOT written",
+		  (long long)end, (unsigned long long)mid.saved,
+		  (unsigned long long)mid.spilled,
+		  (unsigned long long)mid.fault_max_ns,
+		  (unsigned long long)mid.huge_blocks,
+		  (unsigned long long)st.side_peak,
+		  (unsigned long long)st.spill_peak);
+	munmap(p, len);
+	free(expect);
+	free(buf);
+}
+
+/* snapshot-spill-error: a spill that cannot be written (the file sink
+ * over RLIMIT_FSIZE) fails the snapshot with -EFBIG and lets the writer
+ * go; nothing hangs. */
+static void t_spill_error(void)
+{
+	const char *name = "snapshot-spill-error";
+	size_t pages = 2048, len = pages * psz;
+	char *p = map(len, false);
+	char tmpl[] = "/tmp/lib-snapshot-XXXXXX";
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .side_cap = psz };
+	struct uffdwp_snapshot *s = NULL;
+	struct rev_writer w = { .p = p, .pages = pages };
+	struct rlimit old, lim = { .rlim_cur = len / 2 };
+	bool released = false;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 21);
+	o.sink_fd = mkostemp(tmpl, O_CLOEXEC);
+	if (o.sink_fd < 0 || getrlimit(RLIMIT_FSIZE, &old)) {
+		tap_fail(name, "setup: %s", strerror(errno));
+		return;
+	}
+	unlink(tmpl);
+	lim.rlim_max = old.rlim_max;
+	signal(SIGXFSZ, SIG_IGN);
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err && setrlimit(RLIMIT_FSIZE, &lim))
+		err = -errno;
+	if (!err) {
+		/* The last page's spill lands past the limit. */
+		pthread_create(&w.th, NULL, rev_main, &w);
+		released = writer_finished(&w.done);
+		gate_open();
+		err = uffdwp_snapshot_wait(s, 120000);
+		pthread_join(w.th, NULL);
+	}
+	setrlimit(RLIMIT_FSIZE, &old);
+	signal(SIGXFSZ, SIG_DFL);
+	gate_remove();
+	uffdwp_snapshot_free(s);
+	close(o.sink_fd);
+	tap_check(err == -EFBIG && released, name,
+		  "wait %d (want -EFBIG), writer %s", err,
+		  released ? "released" : "HELD");
+	munmap(p, len);
+}
+
+static long huge_blocks(char *p, size_t len)
+{
+#ifndef PAGEMAP_SCAN	/* host headers older than 6.7 */
+	(void)p;
+	(void)len;
+	return -EOPNOTSUPP;
+#else
+	struct page_region vec[64];
+	struct pm_scan_arg a = {
+		.size = sizeof(a), .start = (uintptr_t)p,
+		.end = (uintptr_t)p + len, .vec = (uintptr_t)vec,
+		.vec_len = 64, .category_mask = PAGE_IS_HUGE,
+		.return_mask = PAGE_IS_HUGE,
+	};
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	long n, bytes = 0;
+
+	if (fd < 0)
+		return -errno;
+	n = ioctl(fd, PAGEMAP_SCAN, &a);
+	close(fd);
+	if (n < 0)
+		return -errno;
+	for (long i = 0; i < n; i++)
+		bytes += (long)(vec[i].end - vec[i].start);
+	return bytes / (2L << 20);
+#endif
+}
+
+/*
+ * snapshot-thp-kept: an arena of four PMD-mapped THPs, the copier held,
+ * a 1 MiB cap (a block's 512 pages: 256 to the side buffer, the rest
+ * spilled).  One write per block must save the whole block, release the
+ * writer, and leave every block PMD-mapped, during and after the snapshot;
+ * the snapshot is the memory before the writes.
+ */
+static void t_thp_kept(void)
+{
+	const char *name = "snapshot-thp-kept";
+	size_t blocks = 4, len = blocks << 21;
+	char *p = map(len, true), *expect = malloc(len), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn,
+					  .side_cap = 1UL << 20 };
+	struct uffdwp_snapshot_stats st = { 0 }, mid = { 0 };
+	/* One write in the middle of each 2 MiB block. */
+	struct rev_writer w = { .p = p, .pages = blocks, .step = 2UL << 20,
+				.off = 1UL << 20 };
+	long before, during = -1, after = -1;
+	bool held_ok = false, data_ok, mem_ok = true;
+	struct collect c;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	if (!f.thp) {
+		tap_skip(name, "transparent hugepages are off");
+		return;
+	}
+	fill(p, len, 31);
+	before = huge_blocks(p, len);
+	if (before >= 0 && before != (long)blocks) {
+		/* Memory fragmented by earlier suites: compact it and collapse
+		 * the arena, so that the precondition holds when it can. */
+		int fd = open("/proc/sys/vm/compact_memory", O_WRONLY | O_CLOEXEC);
+
+		if (fd >= 0) {
+			if (write(fd, "1", 1) != 1)
+				tap_diag("compact_memory: %s", strerror(errno));
+			close(fd);
+		}
+#ifdef MADV_COLLAPSE
+		madvise(p, len, MADV_COLLAPSE);
+#endif
+		before = huge_blocks(p, len);
+		tap_diag("thp-kept: %ld of %zu blocks PMD-mapped after compaction and MADV_COLLAPSE",
+			 before, blocks);
+	}
+	if (before != (long)blocks) {
+		tap_skip(name, "the arena got %ld of %zu blocks PMD-mapped (%s)",
+			 before, blocks, before < 0 ? strerror((int)-before) :
+			 "no free huge page");
+		return;
+	}
+	memcpy(expect, p, len);
+	collect_init(&c, buf, &r, 1);
+	o.sink_arg = &c;
+	err = run_held(&r, &o, &w, &held_ok, &mid, &st, &during);
+	if (!err)
+		after = huge_blocks(p, len);
+	for (size_t b = 0; b < blocks; b++)
+		mem_ok &= p[b * (2UL << 20) + (1UL << 20)] == (char)0xAB;
+	data_ok = !memcmp(buf, expect, len);
+	tap_check(!err && held_ok && data_ok && mem_ok &&
+		  mid.huge_blocks == blocks && mid.huge_saves == blocks &&
+		  mid.saved + mid.spilled == blocks * 512 &&
+		  during == (long)blocks && after == (long)blocks, name,
+		  "err %d, writer %s, snapshot %s, memory %s, huge blocks %llu at start, %llu saved whole, pages saved %llu + spilled %llu, PMD-mapped during %ld after %ld (of %zu)",
+		  err, held_ok ? "released" : "HELD", data_ok ? "same" : "differs",
+		  mem_ok ? "written" : "NOT written",
+		  (unsigned long long)mid.huge_blocks,
+		  (unsigned long long)mid.huge_saves,
+		  (unsigned long long)mid.saved, (unsigned long long)mid.spilled,
+		  during, after, blocks);
+	munmap(p, len);
+	free(expect);
+	free(buf);
+}
+
+static void t_never_waits(void)
+{
+	t_never_waits_one(SINK_CALLBACK);
+	t_never_waits_one(SINK_PIPE);
+	t_never_waits_one(SINK_FILE);
+	t_spill_error();
+	t_thp_kept();
+}
+
 
 static void t_bad_input(void)
 {
@@ -751,7 +1132,7 @@ static void t_bad_input(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(15);
+	tap_plan(20);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
@@ -759,6 +1140,7 @@ int main(void)
 	t_fd_pieces();
 	t_verify_rejects_mixed();
 	t_cap();
+	t_never_waits();
 	t_unpopulated();
 	t_cancel();
 	t_kernel_writes();
