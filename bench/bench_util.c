@@ -97,6 +97,34 @@ const char *bench_take_opt(int *argc, char **argv, const char *name)
 	return NULL;
 }
 
+size_t bench_parse_list(const char *name, const char *list, size_t *out,
+			size_t max_n, size_t min, size_t max, size_t mult)
+{
+	const char *p = list;
+	size_t n = 0;
+
+	while (*p) {
+		char *end;
+		unsigned long v;
+
+		errno = 0;
+		v = strtoul(p, &end, 10);
+		if (errno || end == p || (*end && *end != ',') || v < min ||
+		    v > max || v % mult || n == max_n) {
+			fprintf(stderr, "%s wants up to %zu comma-separated multiples of %zu in %zu..%zu, not '%s'\n",
+				name, max_n, mult, min, max, list);
+			exit(2);
+		}
+		out[n++] = v;
+		p = *end ? end + 1 : end;
+	}
+	if (!n) {
+		fprintf(stderr, "%s: empty list\n", name);
+		exit(2);
+	}
+	return n;
+}
+
 uint64_t bench_now_ns(void)
 {
 	struct timespec ts;

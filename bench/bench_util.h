@@ -23,6 +23,7 @@
 #define UFFDWP_BENCH_UTIL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct bench_opts {
@@ -46,6 +47,14 @@ void bench_parse_args(int argc, char **argv, struct bench_opts *o,
  * options it does not know.
  */
 const char *bench_take_opt(int *argc, char **argv, const char *name);
+
+/*
+ * Parse LIST, comma-separated numbers in MIN..MAX that are multiples of
+ * MULT, into OUT (at most MAX_N of them) for the option NAME; returns how
+ * many.  A bad list prints what NAME wants and exits 2.
+ */
+size_t bench_parse_list(const char *name, const char *list, size_t *out,
+			size_t max_n, size_t min, size_t max, size_t mult);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t bench_now_ns(void);

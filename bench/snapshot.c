@@ -17,8 +17,17 @@
  *                   runs (start to file complete), over all writers
  *   peak_extra_mib  fork: pages copied on write in the parent (its minor
  *                   faults meanwhile) + the child's page tables (1/512 of
- *                   the arena); uffdwp: side buffer high-water mark + chunk
- *                   buffer + page states
+ *                   the arena); uffdwp: side buffer high-water mark + memfd
+ *                   spill high-water mark (0 here: a file sink takes spilled
+ *                   pages at their offsets) + chunk buffer + page states
+ *
+ * Variants: fork; uffdwp (16 MiB side buffer cap); uffdwp_cap1m (1 MiB).
+ * Options: --quick, --reps N, --sizes MIB[,MIB...] (default 256,1024),
+ * --thp on|off|both (default both).
+ *   fault_max_us    uffdwp only: the longest the library's handler took
+ *                   for one fault (claim, save, unprotect); the rest of a
+ *                   writer's worst wait is the protect phase and being
+ *                   woken and scheduled
  *   total_ms        start of the snapshot to the file complete
  *   verified        1 if the file is the arena at one instant
  */
@@ -28,6 +37,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "uffdwp.h"
 #include "workload.h"
 
@@ -41,97 +51,126 @@ static void row(const char *variant, const char *param, const char *metric,
 	printf("snapshot,%s,%s,%s,%.3f,%s\n", variant, param, metric, v, unit);
 }
 
+/* The variants, in the order each repetition runs them; CAP 0: fork. */
+static const struct variant {
+	const char *name;
+	size_t cap;
+} variants[] = {
+	{ "fork", 0 },
+	{ "uffdwp", SIDE_CAP },
+	{ "uffdwp_cap1m", 1UL << 20 },
+};
+
+static void report(const char *variant, const char *param, int rep,
+		   const struct wl_result *res)
+{
+	row(variant, param, "pause_us", res->pause_us, "us");
+	row(variant, param, "writer_p50_us", res->p50_us, "us");
+	row(variant, param, "writer_p99_us", res->p99_us, "us");
+	row(variant, param, "writer_max_us", res->max_us, "us");
+	row(variant, param, "peak_extra_mib", res->extra_mib, "MiB");
+	row(variant, param, "total_ms", res->total_ms, "ms");
+	row(variant, param, "verified", res->verified, "bool");
+	if (strcmp(variant, "fork")) {
+		row(variant, param, "fault_max_us", res->fault_max_us, "us");
+		printf("# %s %s rep %d: %llu faults, %llu pages saved, %llu spilled, %llu huge blocks at the start, %llu saved whole\n",
+		       variant, param, rep, (unsigned long long)res->faults,
+		       (unsigned long long)res->saved,
+		       (unsigned long long)res->spilled,
+		       (unsigned long long)res->huge_blocks,
+		       (unsigned long long)res->huge_saves);
+	}
+}
+
+/*
+ * Every variant of every repetition runs on a freshly populated arena:
+ * fork's copy-on-write splits huge pages, so a shared arena would hand the
+ * next variant split memory and "thp=on" would not measure huge pages.
+ */
 static int run_case(size_t mib, bool thp, int reps)
 {
 	char param[64];
-	struct wl wl;
-	int bad = 0, err;
+	int bad = 0;
 
 	snprintf(param, sizeof(param), "size_mib=%zu;thp=%s", mib, thp ? "on" : "off");
-	err = wl_init(&wl, mib << 20, WRITERS, thp);
-	if (!err)
-		err = wl_start(&wl);
-	if (err) {
-		fprintf(stderr, "bench-snapshot: %s: arena: %s\n", param, strerror(-err));
-		wl_destroy(&wl);
-		return 1;
-	}
-	printf("# %s: arena AnonHugePages %s\n", param, thp ? "asked (MADV_HUGEPAGE)" : "refused (MADV_NOHUGEPAGE)");
+	printf("# %s: arena AnonHugePages %s, populated afresh for each variant\n",
+	       param, thp ? "asked (MADV_HUGEPAGE)" : "refused (MADV_NOHUGEPAGE)");
 	fflush(stdout);
 	for (int rep = 0; rep < reps; rep++) {
-		for (int v = 0; v < 2; v++) {
-			const char *variant = v ? "uffdwp" : "fork";
+		for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+			const struct variant *var = &variants[v];
 			struct wl_result res;
+			struct wl wl;
+			int err;
 
-			usleep(20000);
-			err = v ? wl_snap_uffdwp(&wl, SNAP_PATH, SIDE_CAP, &res)
-				: wl_snap_fork(&wl, SNAP_PATH, &res);
+			err = wl_init(&wl, mib << 20, WRITERS, thp);
+			if (!err)
+				err = wl_start(&wl);
+			if (!err) {
+				usleep(20000);
+				err = var->cap ? wl_snap_uffdwp(&wl, SNAP_PATH, var->cap, &res)
+					       : wl_snap_fork(&wl, SNAP_PATH, &res);
+			}
 			unlink(SNAP_PATH);
+			wl_destroy(&wl);
 			if (err) {
 				fprintf(stderr, "bench-snapshot: %s %s: %s\n",
-					variant, param, strerror(-err));
+					var->name, param, strerror(-err));
 				bad = 1;
 				continue;
 			}
-			row(variant, param, "pause_us", res.pause_us, "us");
-			row(variant, param, "writer_p50_us", res.p50_us, "us");
-			row(variant, param, "writer_p99_us", res.p99_us, "us");
-			row(variant, param, "writer_max_us", res.max_us, "us");
-			row(variant, param, "peak_extra_mib", res.extra_mib, "MiB");
-			row(variant, param, "total_ms", res.total_ms, "ms");
-			row(variant, param, "verified", res.verified, "bool");
+			report(var->name, param, rep, &res);
 			if (!res.verified) {
 				fprintf(stderr, "bench-snapshot: %s %s rep %d NOT VERIFIED: %s\n",
-					variant, param, rep, res.why);
+					var->name, param, rep, res.why);
 				bad = 1;
 			}
 			fflush(stdout);
 		}
 	}
-	wl_stop(&wl);
-	wl_destroy(&wl);
 	return bad;
 }
 
 int main(int argc, char **argv)
 {
-	int reps = 5, reps_big = 2, bad = 0;
-	bool quick = false, reps_set = false;
+	const char *sizes_opt = bench_take_opt(&argc, argv, "--sizes");
+	const char *thp_opt = bench_take_opt(&argc, argv, "--thp");
+	size_t sizes[8] = { 256, 1024 }, nsizes = 2;
+	bool thp_off = true, thp_on = true;
+	struct bench_opts o;
+	int bad = 0;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--quick")) {
-			quick = true;
-		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-			char *end;
-			long v = strtol(argv[++i], &end, 10);
-
-			if (*end || v < 1 || v > 1000) {
-				fprintf(stderr, "bench-snapshot: bad --reps '%s'\n", argv[i]);
-				return 2;
-			}
-			reps = reps_big = (int)v;
-			reps_set = true;
-		} else {
-			fprintf(stderr, "bench-snapshot: unknown argument '%s'\n"
-				"usage: bench-snapshot [--quick] [--reps N]\n", argv[i]);
-			return 2;
-		}
+	bench_parse_args(argc, argv, &o, 5);
+	if (sizes_opt)
+		nsizes = bench_parse_list("--sizes", sizes_opt, sizes, 8, 16,
+					  4096, 2);
+	if (thp_opt && !strcmp(thp_opt, "off"))
+		thp_on = false;
+	else if (thp_opt && !strcmp(thp_opt, "on"))
+		thp_off = false;
+	else if (thp_opt && strcmp(thp_opt, "both")) {
+		fprintf(stderr, "bench-snapshot: --thp wants on, off or both, not '%s'\n",
+			thp_opt);
+		return 2;
 	}
 	printf("# snapshot of a busy arena: fork() (child writes the arena to a file) vs libuffdwp (fd sink)\n");
-	printf("# %d writer thread(s) rewriting 256-byte versioned records; file in /tmp; side buffer cap %lu MiB\n",
+	printf("# %d writer thread(s) rewriting 256-byte versioned records; file in /tmp; side buffer cap %lu MiB (uffdwp), 1 MiB (uffdwp_cap1m)\n",
 	       WRITERS, SIDE_CAP >> 20);
 	printf("# every repetition is verified record by record against the snapshot instant\n");
-	if (quick) {
+	if (o.quick) {
 		printf("# --quick: 16 MiB arena, THP off, 1 repetition\n");
-		bad |= run_case(16, false, 1);
-		return bad;
+		return run_case(16, false, 1);
 	}
-	if (!reps_set)
-		printf("# repetitions: %d for 256 MiB, %d for 1 GiB (a 1 GiB snapshot + check takes ~1 min in TCG)\n",
-		       reps, reps_big);
-	bad |= run_case(256, false, reps);
-	bad |= run_case(256, true, reps);
-	bad |= run_case(1024, false, reps_big);
-	bad |= run_case(1024, true, reps_big);
+	if (!o.reps_set)
+		printf("# repetitions: %d up to 256 MiB, 2 above (a 1 GiB snapshot + check takes ~1 min in TCG)\n",
+		       o.reps);
+	for (size_t i = 0; i < nsizes; i++) {
+		int reps = o.reps_set || sizes[i] <= 256 ? o.reps : 2;
+
+		if (thp_off)
+			bad |= run_case(sizes[i], false, reps);
+		if (thp_on)
+			bad |= run_case(sizes[i], true, reps);
+	}
 	return bad;
 }

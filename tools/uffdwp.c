@@ -158,8 +158,14 @@ static int cmd_demo(int argc, char **argv)
 	printf("writer updates meanwhile: %llu; latency p50 %.2f us, p99 %.2f us, max %.1f us\n",
 	       (unsigned long long)res.updates, res.p50_us, res.p99_us,
 	       res.max_us);
-	printf("write faults handled:    %llu (pages saved before copy: %llu)\n",
-	       (unsigned long long)res.faults, (unsigned long long)res.saved);
+	printf("write faults handled:    %llu (pages saved before copy: %llu in the side buffer, %llu spilled; no writer waits for the copier)\n",
+	       (unsigned long long)res.faults, (unsigned long long)res.saved,
+	       (unsigned long long)res.spilled);
+	printf("huge pages:              %llu PMD-mapped 2 MiB blocks at the instant, %llu written and saved whole (kept huge)\n",
+	       (unsigned long long)res.huge_blocks,
+	       (unsigned long long)res.huge_saves);
+	printf("longest fault handling:  %.1f us (the worst write adds the pause and the wake-up)\n",
+	       res.fault_max_us);
 	printf("extra memory (peak):     %.2f MiB\n", res.extra_mib);
 	printf("records checked:         %llu (%llu caught mid-update)\n",
 	       (unsigned long long)wl.nrec, (unsigned long long)res.torn);

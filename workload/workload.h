@@ -83,6 +83,8 @@ struct wl_result {
 	double write_ms;		/* writers ran this long during it */
 	bool verified;
 	uint64_t faults, saved, torn, updates;
+	uint64_t spilled, huge_blocks, huge_saves;	/* libuffdwp's stats */
+	double fault_max_us;
 	char why[256];
 };
 
@@ -532,9 +534,15 @@ static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 	uffdwp_snapshot_free(s);
 	close(o.sink_fd);
 	res->pause_us = st.pause_ns / 1000.0;
-	res->extra_mib = (double)(st.side_peak + st.fixed_bytes) / (1 << 20);
+	/* A memfd spill is memory too; a spill into the sink file is not. */
+	res->extra_mib = (double)(st.side_peak + st.spill_peak +
+				  st.fixed_bytes) / (1 << 20);
 	res->faults = st.faults;
 	res->saved = st.saved;
+	res->spilled = st.spilled;
+	res->huge_blocks = st.huge_blocks;
+	res->huge_saves = st.huge_saves;
+	res->fault_max_us = st.fault_max_ns / 1000.0;
 	wl_latency(wl, res);
 	if (err) {
 		snprintf(res->why, sizeof(res->why), "snapshot failed: %s",
