@@ -6,7 +6,7 @@ LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check check-repeat check-fresh deb demo bench soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
+.PHONY: all check check-repeat check-fresh deb demo bench bench-sweep soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
 
 all: check
 
@@ -43,6 +43,13 @@ demo:
 BENCH_LANES ?= x86_64
 bench:
 	@scripts/bench.sh $(BENCH_LANES)
+
+## bench-sweep: cost curves (guest/plans/sweep.plan: dirty-harvest against
+##        the size tracked, snapshot against the arena, write-tracking
+##        against the writers) with fitted slopes; about 30 min;
+##        build/results/bench-sweep-LANE.{csv,txt}, plots-sweep/
+bench-sweep:
+	@BENCH_PLAN=sweep scripts/bench.sh $(BENCH_LANES)
 
 ## soak: the fuzzer in LANE's guest for DURATION seconds (default 600),
 ##       SEED to replay a run

@@ -22,6 +22,11 @@
  *                                pick bit 55, then clear_refs 4
  *   param written_pct=<0.1|1|10|100>, metric round_us: harvest + re-protect,
  *   per round, into an array of page addresses (the writes are not timed).
+ *   With --sweep-mib M,M... [--sweep-pages K,K...] (default 256,4096) it
+ *   runs only these rounds, over a fresh region of each size with exactly K
+ *   pages written per round, spread or clustered: param
+ *   size_mib=M;written_pages=K;layout=spread|clustered (`make
+ *   bench-sweep`; scripts/bench-report.py fits the cost against the size).
  *
  *   async-fault    ring, no_ring: time to write once to each protected page
  *                  of a region in async mode, per page (fault_ns).
@@ -60,15 +65,20 @@ static void add_page(unsigned long page, void *arg)
 	harvested[nharvested++] = page;
 }
 
-/* Write one byte to K pages spread over the region (a different set each
- * round); mark them in written[]. */
+/* Write one byte to K pages (a different set each round): spread over the
+ * region, or (clustered) K consecutive pages at a place that moves each
+ * round; mark them in written[]. */
+static bool clustered;
+
 static void write_pages(size_t k, unsigned int round)
 {
 	size_t stride = npages / k, i;
+	size_t start = npages > k ? (round * 7919UL * 64) % (npages - k) : 0;
 
 	memset(written, 0, npages);
 	for (i = 0; i < k; i++) {
-		size_t pg = (i * stride + (round * 7919 + i * 31) % stride) %
+		size_t pg = clustered ? start + i :
+			    (i * stride + (round * 7919 + i * 31) % stride) %
 			    npages;
 
 		region[pg * psz + 64] = (char)(round + 1);
@@ -77,7 +87,7 @@ static void write_pages(size_t k, unsigned int round)
 }
 
 /* Compare the round's harvest with what was written. */
-static void verify(const char *variant, double pct, bool exact)
+static void verify(const char *variant, const char *param, bool exact)
 {
 	size_t i, missing = 0, extra = 0;
 
@@ -97,8 +107,8 @@ static void verify(const char *variant, double pct, bool exact)
 		extra += !written[i] && found[i];
 	}
 	if (missing || (exact && extra))
-		bench_fail("%s written_pct=%g: %zu written pages missing, %zu extra",
-			   variant, pct, missing, extra);
+		bench_fail("%s %s: %zu written pages missing, %zu extra",
+			   variant, param, missing, extra);
 }
 
 static int open_async(struct uring_view *r, bool ring)
@@ -194,9 +204,17 @@ static bool soft_dirty_works(void)
 	return pagemap_entry(region) & PM_SOFT_DIRTY;
 }
 
-static void dirty_harvest(const struct bench_opts *o)
+/* One figure's rounds: K pages written per round, labelled PARAM; BOTH:
+ * the ring's rounds alternate discarding and re-protecting (overflow). */
+struct round_set {
+	size_t k;
+	char param[64];
+	bool both;
+};
+
+static void dirty_harvest(const struct bench_opts *o,
+			  const struct round_set *sets, unsigned int nsets)
 {
-	static const double pcts[] = { 0.1, 1, 10, 100 };
 	static const char *const variants[] = { "ring", "pagemap_scan",
 						"soft_dirty" };
 	unsigned int v, p;
@@ -226,18 +244,12 @@ static void dirty_harvest(const struct bench_opts *o)
 				bench_fail("%s setup: %s", variants[v],
 					   strerror(-err));
 		}
-		for (p = 0; p < 4; p++) {
-			size_t k = (size_t)(npages * pcts[p] / 100);
-			/* ring at 100%: discarding and re-protecting rounds
-			 * alternate in the one context, side by side */
-			bool both = ring && pcts[p] == 100;
+		for (p = 0; p < nsets; p++) {
+			size_t k = sets[p].k;
+			bool both = ring && sets[p].both;
 			int rounds = both ? 2 * o->reps : o->reps;
-			char param[32];
+			const char *param = sets[p].param;
 
-			if (k == 0)
-				k = 1;
-			snprintf(param, sizeof(param), "written_pct=%g",
-				 pcts[p]);
 			for (rep = 0; rep < rounds; rep++) {
 				bool reprotect = both && rep % 2;
 				const char *name = reprotect ? "ring_reprotect" :
@@ -258,11 +270,11 @@ static void dirty_harvest(const struct bench_opts *o)
 				if (sd && err)
 					bench_fail("soft_dirty round: %s",
 						   strerror(-err));
-				verify(name, pcts[p], !sd && !overflows);
+				verify(name, param, !sd && !overflows);
 			}
 			if (ring)
-				bench_comment("ring written_pct=%g: %d of %d rounds overflowed the %d-entry ring",
-					      pcts[p], overflows, rounds,
+				bench_comment("ring %s: %d of %d rounds overflowed the %d-entry ring",
+					      param, overflows, rounds,
 					      (int)ring_entries);
 			overflows = 0;
 		}
@@ -320,18 +332,13 @@ static void async_fault(const struct bench_opts *o, size_t pages)
 	}
 }
 
-int main(int argc, char **argv)
+/* Map and populate the tracked region of PAGES 4 KiB pages and the
+ * per-page arrays. */
+static void map_region(size_t pages)
 {
-	struct bench_opts o;
-	size_t fault_pages;
-
-	bench_parse_args(argc, argv, &o, 5);
-	psz = page_size();
-	npages = o.quick ? 4096 : (1UL << 30) / psz;
-	fault_pages = o.quick ? 1024 : 32768;
-	ring_entries = npages / 4;
+	npages = pages;
 	region = mmap(NULL, npages * psz, PROT_READ | PROT_WRITE,
-		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	harvested = malloc(npages * sizeof(*harvested));
 	written = malloc(npages);
 	found = malloc(npages);
@@ -342,12 +349,101 @@ int main(int argc, char **argv)
 	 * anyway, and soft-dirty would see 2 MiB extents. */
 	madvise(region, npages * psz, MADV_NOHUGEPAGE);
 	memset(region, 1, npages * psz);
+}
+
+static void unmap_region(void)
+{
+	munmap(region, npages * psz);
+	free(harvested);
+	free(written);
+	free(found);
+	free(pm_buf);
+}
+
+/*
+ * The sweep (--sweep-mib M,M... --sweep-pages K,K...): for each tracked
+ * size, a fresh populated region and rounds that write exactly K pages, so
+ * a round's cost can be split into what grows with the memory tracked and
+ * what grows with the pages written.  The ring has 8192 entries at every
+ * size (no round overflows it).  Two layouts of the written pages: spread
+ * evenly over the region (at 4 GiB every page in its own page table) and
+ * clustered (K consecutive pages), since re-protecting costs more per page
+ * when every page sits in a different page table.
+ */
+static void sweep(const struct bench_opts *o, const char *mib_list,
+		  const char *pages_list)
+{
+	size_t mibs[8], ks[4], nm, nk;
+	struct round_set sets[4];
+	int layout;
+
+	nm = bench_parse_list("--sweep-mib", mib_list, mibs, 8, 4, 65536, 4);
+	nk = bench_parse_list("--sweep-pages", pages_list ? pages_list : "256,4096",
+			      ks, 4, 1, 8192, 1);
+	ring_entries = 8192;
+	bench_comment("dirty-harvest sweep: tracked size x pages written per round, a fresh populated region of 4 KiB pages per size, %d-entry ring, %d rounds per figure",
+		      (int)ring_entries, o->reps);
+	for (size_t m = 0; m < nm; m++) {
+		uint64_t t0 = bench_now_ns();
+
+		map_region((mibs[m] << 20) / psz);
+		bench_comment("size %zu MiB populated in %.1f s", mibs[m],
+			      (bench_now_ns() - t0) / 1e9);
+		for (layout = 0; layout < 2; layout++) {
+			clustered = layout;
+			for (size_t k = 0; k < nk; k++) {
+				if (ks[k] > npages)
+					bench_fail("--sweep-pages %zu is more than the %zu pages of %zu MiB",
+						   ks[k], npages, mibs[m]);
+				sets[k].k = ks[k];
+				sets[k].both = false;
+				snprintf(sets[k].param, sizeof(sets[k].param),
+					 "size_mib=%zu;written_pages=%zu;layout=%s",
+					 mibs[m], ks[k],
+					 clustered ? "clustered" : "spread");
+			}
+			dirty_harvest(o, sets, (unsigned int)nk);
+		}
+		unmap_region();
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const double pcts[] = { 0.1, 1, 10, 100 };
+	const char *mib_list = bench_take_opt(&argc, argv, "--sweep-mib");
+	const char *pages_list = bench_take_opt(&argc, argv, "--sweep-pages");
+	struct round_set sets[4];
+	struct bench_opts o;
+	size_t fault_pages;
+
+	bench_parse_args(argc, argv, &o, 5);
+	psz = page_size();
+	if (pages_list && !mib_list)
+		bench_fail("--sweep-pages needs --sweep-mib");
+	if (mib_list) {
+		sweep(&o, mib_list, pages_list);
+		return 0;
+	}
+	map_region(o.quick ? 4096 : (1UL << 30) / psz);
+	fault_pages = o.quick ? 1024 : 32768;
+	ring_entries = npages / 4;
 	bench_comment("tracked region %zu MiB (%zu pages), populated, 4 KiB pages; %d rounds per figure",
 		      npages * psz >> 20, npages, o.reps);
 	bench_comment("round_us = harvest + re-protect of one round into an array of page addresses; writes not timed");
 	bench_comment("ring: %d entries, so 100%% written overflows and the round includes the PAGEMAP_SCAN fallback",
 		      (int)ring_entries);
-	dirty_harvest(&o);
+	for (unsigned int p = 0; p < 4; p++) {
+		sets[p].k = (size_t)(npages * pcts[p] / 100);
+		if (!sets[p].k)
+			sets[p].k = 1;
+		/* ring at 100%: discarding and re-protecting rounds
+		 * alternate in the one context, side by side */
+		sets[p].both = pcts[p] == 100;
+		snprintf(sets[p].param, sizeof(sets[p].param),
+			 "written_pct=%g", pcts[p]);
+	}
+	dirty_harvest(&o, sets, 4);
 	bench_comment("async-fault: one write to each of %zu protected pages, fault_ns = wall time / pages",
 		      fault_pages);
 	async_fault(&o, fault_pages);

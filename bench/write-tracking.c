@@ -10,6 +10,10 @@
  * a missing page), then each repetition protects the range (untimed), lets
  * the writers store one byte into every page once (timed) and checks that
  * every page holds the value and that every page's fault was seen.
+ *
+ * Options: --pages N[,N...] (every variant at these sizes), --threads
+ * T[,T...] (writer threads, default 1,4; the sweep runs 1,2,4,8 on the two
+ * vCPUs the guests have).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -522,46 +526,24 @@ static bool slow_variant(enum variant v)
 	       v == MPROTECT_SEGV_RANGES;
 }
 
-static size_t parse_pages(const char *list, size_t *out, size_t max)
-{
-	size_t n = 0;
-	const char *p = list;
-
-	while (*p) {
-		char *end;
-		unsigned long v;
-
-		errno = 0;
-		v = strtoul(p, &end, 10);
-		if (errno || end == p || (*end && *end != ',') || v < 4 ||
-		    v % 4 || v > (1UL << 20) || n == max) {
-			fprintf(stderr, "--pages wants up to %zu comma-separated "
-				"multiples of 4 in 4..1048576, not '%s'\n", max, list);
-			exit(2);
-		}
-		out[n++] = v;
-		p = *end ? end + 1 : end;
-	}
-	if (!n) {
-		fprintf(stderr, "--pages: empty list\n");
-		exit(2);
-	}
-	return n;
-}
-
 int main(int argc, char **argv)
 {
-	static const int threads[] = { 1, 4 };
 	const char *pages_opt = bench_take_opt(&argc, argv, "--pages");
+	const char *threads_opt = bench_take_opt(&argc, argv, "--threads");
 	size_t sizes[8] = { 1024, 16384, 262144 }, nsizes = 3, max_ranges;
+	size_t threads[8] = { 1, 4 }, nthreads = 2;
 	struct bench_opts o;
 	const char *sd_why = NULL;
 	bool sd_ok, all_variants = false;
 	uint64_t start = bench_now_ns();
 
 	bench_parse_args(argc, argv, &o, 5);
+	if (threads_opt)
+		nthreads = bench_parse_list("--threads", threads_opt, threads, 8,
+					    1, 64, 1);
 	if (pages_opt) {
-		nsizes = parse_pages(pages_opt, sizes, 8);
+		nsizes = bench_parse_list("--pages", pages_opt, sizes, 8, 4,
+					  1UL << 20, 4);
 		all_variants = true;
 	} else if (o.quick) {
 		sizes[0] = 256;
@@ -612,11 +594,11 @@ int main(int argc, char **argv)
 	max_ranges = allow_vmas(max_ranges);
 
 	for (size_t s = 0; s < nsizes; s++)
-		for (size_t t = 0; t < 2; t++)
+		for (size_t t = 0; t < nthreads; t++)
 			for (int v = 0; v < NR_VARIANTS; v++) {
 				struct config c = {
 					.v = v, .pages = sizes[s],
-					.threads = threads[t],
+					.threads = (int)threads[t],
 				};
 
 				if (v == SOFT_DIRTY && !sd_ok)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# bench.sh LANE...: everything `make bench` does.  For each lane: build the
+# bench.sh LANE...: everything `make bench` does (and, with
+# BENCH_PLAN=sweep, `make bench-sweep`: guest/plans/sweep.plan, results named
+# bench-sweep-LANE.*).  For each lane: build the
 # kernel and the guest programs, boot a guest sized for the benchmarks
 # (GUEST_MEM_MB, no hugetlb reservation, PAGE_TABLE_CHECK off) with
 # guest/plans/bench.plan, then
@@ -18,10 +20,16 @@ for lane in "$@"; do
 	step "bench $lane"
 	obj=$("$TOP/scripts/build-kernel.sh" "$lane")
 	guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj")
-	plan=$TOP/guest/plans/bench.plan
-	initrd=$guest/bench.cpio
+	plan=$TOP/guest/plans/${BENCH_PLAN:-bench}.plan
+	name=bench-$lane plots=$results/plots
+	if [ "${BENCH_PLAN:-bench}" != bench ]; then
+		name=bench-${BENCH_PLAN}-$lane
+		plots=$results/plots-${BENCH_PLAN}
+	fi
+	[ -f "$plan" ] || die "no plan $plan"
+	initrd=$guest/${BENCH_PLAN:-bench}.cpio
 	"$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"
-	console=$results/bench-$lane.console
+	console=$results/$name.console
 	tmo=$(awk '!/^[[:space:]]*(#|$)/ { t += $3 } END { print t + 180 }' "$plan")
 	# The lanes enforce PAGE_TABLE_CHECK for the tests; the benchmarks boot
 	# with it off, as production kernels run (with it, every PTE change pays
@@ -30,9 +38,9 @@ for lane in "$@"; do
 	GUEST_MEM_MB=${BENCH_MEM_MB:-6144} GUEST_HUGEPAGES=${BENCH_HUGEPAGES:-8} \
 		GUEST_CMDLINE_EXTRA=${BENCH_CMDLINE:-page_table_check=0} \
 		"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" "$tmo"
-	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/bench-$lane.tap" || rc=1
-	grep '^not ok' "$results/bench-$lane.tap" | sed 's/^/  /' >&2 || true
-	"$TOP/scripts/bench-report.py" "$lane" "$console" "$results/bench-$lane.csv" \
-		"$results/plots" | tee "$results/bench-$lane.txt" || rc=1
+	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/$name.tap" || rc=1
+	grep '^not ok' "$results/$name.tap" | sed 's/^/  /' >&2 || true
+	"$TOP/scripts/bench-report.py" "$lane" "$console" "$results/$name.csv" \
+		"$plots" | tee "$results/$name.txt" || rc=1
 done
 exit $rc
