@@ -46,7 +46,7 @@ bench:
 
 ## bench-sweep: cost curves (guest/plans/sweep.plan: dirty-harvest against
 ##        the size tracked, snapshot against the arena, write-tracking
-##        against the writers) with fitted slopes; about 30 min;
+##        against the writers) with fitted slopes; about 10 min;
 ##        build/results/bench-sweep-LANE.{csv,txt}, plots-sweep/
 bench-sweep:
 	@BENCH_PLAN=sweep scripts/bench.sh $(BENCH_LANES)
