@@ -48,6 +48,14 @@ int uw_protect(int uffd, uintptr_t addr, size_t len, bool wp, bool wake);
 /* MADV_POPULATE_READ (or touch) every page of the regions so that WP
  * without WP_UNPOPULATED covers them. */
 int uw_populate_read(const struct uw_regions *rs);
+/* PAGEMAP_SCAN (on PAGEMAP_FD, with FLAGS, reporting pages in every
+ * category of MASK) over every region, VEC of VEC_LEN entries at a time;
+ * FN gets each reported range [start, end).  0 or -errno. */
+int uw_scan_regions(int pagemap_fd, const struct uw_regions *rs,
+		    uint64_t flags, uint64_t mask, struct page_region *vec,
+		    size_t vec_len,
+		    void (*fn)(void *arg, uintptr_t start, uintptr_t end),
+		    void *arg);
 
 /* Soft-dirty: one user per process. */
 int uw_soft_dirty_claim(void);

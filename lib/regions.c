@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 
 #include "internal.h"
@@ -109,6 +110,44 @@ int uw_populate_read(const struct uw_regions *rs)
 #endif
 		for (size_t off = 0; off < rs->r[i].len; off += psz)
 			(void)p[off];
+	}
+	return 0;
+}
+
+int uw_scan_regions(int pagemap_fd, const struct uw_regions *rs,
+		    uint64_t flags, uint64_t mask, struct page_region *vec,
+		    size_t vec_len,
+		    void (*fn)(void *arg, uintptr_t start, uintptr_t end),
+		    void *arg)
+{
+	for (size_t i = 0; i < rs->nr; i++) {
+		uintptr_t start = (uintptr_t)rs->r[i].addr;
+		uintptr_t end = start + rs->r[i].len;
+
+		while (start < end) {
+			struct pm_scan_arg a = {
+				.size = sizeof(a),
+				.flags = flags,
+				.start = start,
+				.end = end,
+				.vec = (uintptr_t)vec,
+				.vec_len = vec_len,
+				.category_mask = mask,
+				.return_mask = mask,
+			};
+			int n = ioctl(pagemap_fd, PAGEMAP_SCAN, &a);
+
+			if (n < 0) {
+				if (errno == EINTR || errno == EAGAIN)
+					continue;
+				return -errno;
+			}
+			for (int k = 0; k < n; k++)
+				fn(arg, vec[k].start, vec[k].end);
+			if (a.walk_end <= start)
+				return -EIO;
+			start = a.walk_end;
+		}
 	}
 	return 0;
 }

@@ -40,7 +40,6 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -273,6 +272,13 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 			spilled += j - i;
 		i = j;
 	}
+	/* After a failure, settle the pages not reached either: a copier
+	 * inside their chunk waits for every CLAIMED page. */
+	for (size_t k = 0; err && k < n; k++)
+		if (atomic_load_explicit(&s->state[idx + k],
+					 memory_order_relaxed) == ST_CLAIMED)
+			atomic_store_explicit(&s->state[idx + k], ST_DONE,
+					      memory_order_release);
 	pthread_mutex_lock(&s->lock);
 	s->st.saved += saved;
 	s->st.spilled += spilled;
@@ -643,53 +649,33 @@ static int setup_spill(struct uffdwp_snapshot *s)
 	return 0;
 }
 
+/* Mark the pages of the 2 MiB blocks inside [START, END). */
+static void mark_huge(void *arg, uintptr_t start, uintptr_t end)
+{
+	struct uffdwp_snapshot *s = arg;
+	size_t psz = uw_page_size();
+	uintptr_t b = (start + UW_HPAGE_SIZE - 1) & ~(uintptr_t)(UW_HPAGE_SIZE - 1);
+
+	for (; b + UW_HPAGE_SIZE <= end; b += UW_HPAGE_SIZE) {
+		size_t i = (size_t)uw_page_index(&s->rs, b);
+
+		for (size_t p = 0; p < UW_HPAGE_SIZE / psz; p++)
+			uw_bit_set(s->huge, i + p);
+		s->st.huge_blocks++;
+	}
+}
+
 /* Mark the pages of every 2 MiB block that is PMD-mapped now.  Best
  * effort: without PAGEMAP_SCAN every fault saves a single page. */
 static void find_huge_blocks(struct uffdwp_snapshot *s)
 {
 	struct page_region vec[SCAN_VEC];
-	size_t psz = uw_page_size();
 	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0)
 		return;
-	for (size_t r = 0; r < s->rs.nr; r++) {
-		uintptr_t start = (uintptr_t)s->rs.r[r].addr;
-		uintptr_t end = start + s->rs.r[r].len;
-
-		while (start < end) {
-			struct pm_scan_arg arg = {
-				.size = sizeof(arg),
-				.start = start,
-				.end = end,
-				.vec = (uintptr_t)vec,
-				.vec_len = SCAN_VEC,
-				.category_mask = PAGE_IS_HUGE,
-				.return_mask = PAGE_IS_HUGE,
-			};
-			int n = ioctl(fd, PAGEMAP_SCAN, &arg);
-
-			if (n < 0 && (errno == EINTR || errno == EAGAIN))
-				continue;
-			if (n < 0 || arg.walk_end <= start)
-				break;
-			for (int k = 0; k < n; k++) {
-				uintptr_t b = (vec[k].start + UW_HPAGE_SIZE - 1) &
-					      ~(uintptr_t)(UW_HPAGE_SIZE - 1);
-
-				for (; b + UW_HPAGE_SIZE <= vec[k].end;
-				     b += UW_HPAGE_SIZE) {
-					size_t i = (size_t)uw_page_index(&s->rs, b);
-
-					for (size_t p = 0; p < UW_HPAGE_SIZE / psz;
-					     p++)
-						uw_bit_set(s->huge, i + p);
-					s->st.huge_blocks++;
-				}
-			}
-			start = arg.walk_end;
-		}
-	}
+	uw_scan_regions(fd, &s->rs, 0, PAGE_IS_HUGE, vec, SCAN_VEC,
+			mark_huge, s);
 	close(fd);
 }
 

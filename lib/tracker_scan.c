@@ -9,7 +9,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -78,40 +77,17 @@ void uw_async_stop(struct uffdwp_tracker *t)
 	t->vec = NULL;
 }
 
+static void mark_written(void *arg, uintptr_t start, uintptr_t end)
+{
+	uw_mark_range(arg, start, end - start);
+}
+
 int uw_scan_written(struct uffdwp_tracker *t)
 {
-	for (size_t i = 0; i < t->rs.nr; i++) {
-		uintptr_t start = (uintptr_t)t->rs.r[i].addr;
-		uintptr_t end = start + t->rs.r[i].len;
-
-		while (start < end) {
-			struct pm_scan_arg arg = {
-				.size = sizeof(arg),
-				.flags = PM_SCAN_WP_MATCHING |
-					 PM_SCAN_CHECK_WPASYNC,
-				.start = start,
-				.end = end,
-				.vec = (uintptr_t)t->vec,
-				.vec_len = t->vec_len,
-				.category_mask = PAGE_IS_WRITTEN,
-				.return_mask = PAGE_IS_WRITTEN,
-			};
-			int n = ioctl(t->pagemap_fd, PAGEMAP_SCAN, &arg);
-
-			if (n < 0) {
-				if (errno == EINTR || errno == EAGAIN)
-					continue;
-				return -errno;
-			}
-			for (int k = 0; k < n; k++)
-				uw_mark_range(t, t->vec[k].start,
-					      t->vec[k].end - t->vec[k].start);
-			if (arg.walk_end <= start)
-				return -EIO;
-			start = arg.walk_end;
-		}
-	}
-	return 0;
+	return uw_scan_regions(t->pagemap_fd, &t->rs,
+			       PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+			       PAGE_IS_WRITTEN, t->vec, t->vec_len,
+			       mark_written, t);
 }
 
 static int scan_start(struct uffdwp_tracker *t)
