@@ -94,13 +94,14 @@ struct uffdwp_snapshot {
 					 * or a pop, never across a copy */
 	uint32_t *free_slot;		/* stack of free slot numbers */
 	size_t nslots, nfree, slots_len;
+	size_t nfree_min;		/* low-water mark of nfree */
 	char *chunk;
 
 	/* Spill: pages go to SPILL_FD at SPILL_BASE + page index * page
 	 * size.  SINK_POSITIONAL: that is the sink file itself, written by
 	 * the copier with pwrite(2) at the same offsets. */
 	int spill_fd;
-	bool spill_is_memfd, sink_positional;
+	bool sink_positional;
 	off_t spill_base;
 	uint64_t spill_bytes;		/* memfd: held now */
 
@@ -162,39 +163,31 @@ static bool in_huge(struct uffdwp_snapshot *s, size_t idx)
 			   (idx % 64) & 1);
 }
 
-static int pwrite_all(int fd, const char *p, size_t len, off_t off)
+enum io { IO_WRITE, IO_PWRITE, IO_PREAD };
+
+/*
+ * All of [P, P + LEN) written to FD (IO_WRITE: at its offset; IO_PWRITE:
+ * at OFF) or read from it at OFF, in pieces of at most SINK_WRITE_MAX,
+ * retried on EINTR.  0 or -errno; -ENOSPC when FD takes no more bytes,
+ * -EIO when a read finds the end of the file (a page never spilled).
+ */
+static int io_all(int fd, char *p, size_t len, off_t off, enum io op)
 {
 	while (len) {
-		ssize_t w = pwrite(fd, p, len < SINK_WRITE_MAX ? len :
-				   SINK_WRITE_MAX, off);
+		size_t piece = len < SINK_WRITE_MAX ? len : SINK_WRITE_MAX;
+		ssize_t n = op == IO_WRITE ? write(fd, p, piece) :
+			    op == IO_PWRITE ? pwrite(fd, p, piece, off) :
+			    pread(fd, p, piece, off);
 
-		if (w < 0 && errno == EINTR)
+		if (n < 0 && errno == EINTR)
 			continue;
-		if (w < 0)
+		if (n < 0)
 			return -errno;
-		if (w == 0)
-			return -ENOSPC;
-		p += w;
-		off += w;
-		len -= (size_t)w;
-	}
-	return 0;
-}
-
-static int pread_all(int fd, char *p, size_t len, off_t off)
-{
-	while (len) {
-		ssize_t r = pread(fd, p, len, off);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -errno;
-		if (r == 0)	/* a hole past the end: never written */
-			return -EIO;
-		p += r;
-		off += r;
-		len -= (size_t)r;
+		if (n == 0)
+			return op == IO_PREAD ? -EIO : -ENOSPC;
+		p += n;
+		off += n;
+		len -= (size_t)n;
 	}
 	return 0;
 }
@@ -203,33 +196,27 @@ static int pread_all(int fd, char *p, size_t len, off_t off)
 
 static bool take_slot(struct uffdwp_snapshot *s, uint32_t *slot)
 {
-	size_t psz = uw_page_size(), used;
 	bool ok = false;
 
 	pthread_mutex_lock(&s->slot_lock);
 	if (s->nfree) {
 		*slot = s->free_slot[--s->nfree];
+		if (s->nfree < s->nfree_min)
+			s->nfree_min = s->nfree;
 		ok = true;
 	}
-	used = (s->nslots - s->nfree) * psz;
 	pthread_mutex_unlock(&s->slot_lock);
-	if (ok) {
-		pthread_mutex_lock(&s->lock);
-		if (used > s->st.side_peak)
-			s->st.side_peak = used;
-		pthread_mutex_unlock(&s->lock);
-	}
 	return ok;
 }
 
 /* Save the old contents of the N claimed pages from page index IDX (at
  * ADDR): to side buffer slots while there are free ones, the rest to the
- * spill file in runs.  Returns 0, or the spill file's -errno after
- * failing the snapshot (abort_snapshot()). */
+ * spill file in runs, counting them in *SAVED and *SPILLED.  Returns 0, or
+ * the spill file's -errno after failing the snapshot (abort_snapshot()). */
 static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
-			size_t n)
+			size_t n, size_t *saved, size_t *spilled)
 {
-	size_t psz = uw_page_size(), saved = 0, spilled = 0;
+	size_t psz = uw_page_size();
 	int err = 0;
 
 	for (size_t i = 0; i < n && !err;) {
@@ -246,7 +233,7 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 			atomic_store_explicit(&s->state[idx + i],
 					      ST_SAVED + slot,
 					      memory_order_release);
-			saved++;
+			(*saved)++;
 			i++;
 			continue;
 		}
@@ -257,9 +244,9 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 						     memory_order_relaxed) ==
 				ST_CLAIMED)
 			j++;
-		err = pwrite_all(s->spill_fd, (const char *)(addr + i * psz),
-				 (j - i) * psz,
-				 s->spill_base + (off_t)((idx + i) * psz));
+		err = io_all(s->spill_fd, (char *)(addr + i * psz),
+			     (j - i) * psz,
+			     s->spill_base + (off_t)((idx + i) * psz), IO_PWRITE);
 		/* Fail the snapshot before the copier can see these pages
 		 * settle without their contents. */
 		if (err)
@@ -269,7 +256,7 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 					      err ? ST_DONE : ST_SPILLED,
 					      memory_order_release);
 		if (!err)
-			spilled += j - i;
+			*spilled += j - i;
 		i = j;
 	}
 	/* After a failure, settle the pages not reached either: a copier
@@ -279,15 +266,6 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 					 memory_order_relaxed) == ST_CLAIMED)
 			atomic_store_explicit(&s->state[idx + k], ST_DONE,
 					      memory_order_release);
-	pthread_mutex_lock(&s->lock);
-	s->st.saved += saved;
-	s->st.spilled += spilled;
-	if (s->spill_is_memfd) {
-		s->spill_bytes += spilled * psz;
-		if (s->spill_bytes > s->st.spill_peak)
-			s->st.spill_peak = s->spill_bytes;
-	}
-	pthread_mutex_unlock(&s->lock);
 	return err;
 }
 
@@ -298,9 +276,9 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
  */
 static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 {
-	size_t psz = uw_page_size(), n = 1;
+	size_t psz = uw_page_size(), n = 1, claimed = 0, saved = 0, spilled = 0;
 	long idx = uw_page_index(&s->rs, addr);
-	bool copier_has_it = false, huge = false;
+	bool copier_has_it = false, huge = false, counted;
 	uint64_t t0 = uw_now_ns();
 	int err = 0;
 
@@ -312,37 +290,39 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 		n = UW_HPAGE_SIZE / psz;
 		huge = true;
 	}
-	if (idx >= 0 && !cancelled(s)) {
-		size_t claimed = 0;
+	counted = idx >= 0 && !cancelled(s);
+	for (size_t i = 0; counted && i < n; i++) {
+		uint32_t old = ST_PENDING;
 
-		for (size_t i = 0; i < n; i++) {
-			uint32_t old = ST_PENDING;
-
-			if (atomic_compare_exchange_strong_explicit(
-				    &s->state[idx + i], &old, ST_CLAIMED,
-				    memory_order_acquire, memory_order_relaxed))
-				claimed++;
-			else if (old == ST_COPYING)
-				copier_has_it = true;
-		}
-		if (claimed)
-			err = save_claimed(s, (size_t)idx, addr, n);
-		pthread_mutex_lock(&s->lock);
-		s->st.faults++;
-		if (huge && claimed)
-			s->st.huge_saves++;
-		pthread_mutex_unlock(&s->lock);
+		if (atomic_compare_exchange_strong_explicit(
+			    &s->state[idx + i], &old, ST_CLAIMED,
+			    memory_order_acquire, memory_order_relaxed))
+			claimed++;
+		else if (old == ST_COPYING)
+			copier_has_it = true;
 	}
-	if (err)	/* save_claimed() failed the snapshot: writers go */
-		return;
-	if (copier_has_it)
-		return;
-	/* Unprotect (mode 0) also wakes the writer. */
-	if (uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
+	if (claimed)
+		err = save_claimed(s, (size_t)idx, addr, n, &saved, &spilled);
+	/*
+	 * Unprotect (mode 0) also wakes the writer.  Not when the copier is
+	 * reading the page (its unprotect follows) or a failed save already
+	 * unprotected everything.
+	 */
+	if (!err && !copier_has_it &&
+	    uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
 		/* Cannot happen on a live region; never leave a writer stuck. */
 		abort_snapshot(s, -EIO);
 	t0 = uw_now_ns() - t0;
 	pthread_mutex_lock(&s->lock);
+	s->st.faults += counted;
+	s->st.huge_saves += huge && claimed;
+	s->st.saved += saved;
+	s->st.spilled += spilled;
+	if (!s->sink_positional) {
+		s->spill_bytes += spilled * psz;
+		if (s->spill_bytes > s->st.spill_peak)
+			s->st.spill_peak = s->spill_bytes;
+	}
 	if (t0 > s->st.fault_max_ns)
 		s->st.fault_max_ns = t0;
 	pthread_mutex_unlock(&s->lock);
@@ -402,7 +382,7 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
 		size_t len)
 {
 	size_t psz = uw_page_size(), n = len / psz;
-	const char *p = s->chunk;
+	char *p = s->chunk;
 
 	if (s->opts.sink)
 		return s->opts.sink(s->opts.sink_arg, (void *)addr, p, len);
@@ -413,29 +393,16 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
 
 			while (j < n && !spilled_at(s, first, j))
 				j++;
-			err = pwrite_all(s->opts.sink_fd, p + i * psz,
-					 (j - i) * psz, s->spill_base +
-					 (off_t)((first + i) * psz));
+			err = io_all(s->opts.sink_fd, p + i * psz,
+				     (j - i) * psz, s->spill_base +
+				     (off_t)((first + i) * psz), IO_PWRITE);
 			if (err)
 				return err;
 			i = j + (j == i);
 		}
 		return 0;
 	}
-	while (len) {
-		ssize_t w = write(s->opts.sink_fd, p,
-				  len < SINK_WRITE_MAX ? len : SINK_WRITE_MAX);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0)
-			return -errno;
-		if (w == 0)	/* the sink takes no more bytes */
-			return -ENOSPC;
-		p += w;
-		len -= (size_t)w;
-	}
-	return 0;
+	return io_all(s->opts.sink_fd, p, len, 0, IO_WRITE);
 }
 
 /* Wait for the handler to finish saving page FIRST + I (a page copy). */
@@ -469,7 +436,7 @@ static int fetch_saved(struct uffdwp_snapshot *s, size_t first, size_t i,
 	}
 	if (st != ST_SPILLED || s->sink_positional)
 		return 0;
-	err = pread_all(s->spill_fd, s->chunk + i * psz, psz, off);
+	err = io_all(s->spill_fd, s->chunk + i * psz, psz, off, IO_PREAD);
 	if (err)
 		return err;
 	/* Give the memory back; failing to is not worth failing for. */
@@ -616,7 +583,7 @@ static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->nslots; i++)
 		s->free_slot[i] = (uint32_t)(s->nslots - 1 - i);
-	s->nfree = s->nslots;
+	s->nfree = s->nfree_min = s->nslots;
 	s->st.side_cap = s->nslots * psz;
 	s->st.fixed_bytes = CHUNK + s->state_len + s->huge_len + s->slots_len;
 	s->st.pages = s->rs.pages;
@@ -645,7 +612,6 @@ static int setup_spill(struct uffdwp_snapshot *s)
 	s->spill_fd = memfd_create("uffdwp-spill", MFD_CLOEXEC);
 	if (s->spill_fd < 0)
 		return -errno;
-	s->spill_is_memfd = true;
 	return 0;
 }
 
@@ -702,7 +668,7 @@ static void destroy(struct uffdwp_snapshot *s)
 		close(s->uffd);
 	if (s->stop_fd >= 0)
 		close(s->stop_fd);
-	if (s->spill_is_memfd)
+	if (!s->sink_positional && s->spill_fd >= 0)	/* the memfd */
 		close(s->spill_fd);
 	uw_free(s->state, s->state_len);
 	uw_free(s->huge, s->huge_len);
@@ -897,6 +863,9 @@ int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
 	pthread_mutex_lock(&s->lock);
 	*st = s->st;
 	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_lock(&s->slot_lock);
+	st->side_peak = (s->nslots - s->nfree_min) * uw_page_size();
+	pthread_mutex_unlock(&s->slot_lock);
 	return 0;
 }
 
