@@ -303,16 +303,7 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	}
 	if (claimed)
 		err = save_claimed(s, (size_t)idx, addr, n, &saved, &spilled);
-	/*
-	 * Unprotect (mode 0) also wakes the writer.  Not when the copier is
-	 * reading the page (its unprotect follows) or a failed save already
-	 * unprotected everything.
-	 */
-	if (!err && !copier_has_it &&
-	    uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
-		/* Cannot happen on a live region; never leave a writer stuck. */
-		abort_snapshot(s, -EIO);
-	t0 = uw_now_ns() - t0;
+	/* Counted before the writer is woken: it may read the stats next. */
 	pthread_mutex_lock(&s->lock);
 	s->st.faults += counted;
 	s->st.huge_saves += huge && claimed;
@@ -323,9 +314,20 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 		if (s->spill_bytes > s->st.spill_peak)
 			s->st.spill_peak = s->spill_bytes;
 	}
-	if (t0 > s->st.fault_max_ns)
-		s->st.fault_max_ns = t0;
 	pthread_mutex_unlock(&s->lock);
+	/*
+	 * Unprotect (mode 0) also wakes the writer.  Not when the copier is
+	 * reading the page (its unprotect follows) or a failed save already
+	 * unprotected everything.
+	 */
+	if (!err && !copier_has_it &&
+	    uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
+		/* Cannot happen on a live region; never leave a writer stuck. */
+		abort_snapshot(s, -EIO);
+	t0 = uw_now_ns() - t0;
+	/* Only this thread raises it: a relaxed store is enough. */
+	if (t0 > __atomic_load_n(&s->st.fault_max_ns, __ATOMIC_RELAXED))
+		__atomic_store_n(&s->st.fault_max_ns, t0, __ATOMIC_RELAXED);
 }
 
 static void *handler_main(void *arg)
@@ -863,6 +865,7 @@ int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
 	pthread_mutex_lock(&s->lock);
 	*st = s->st;
 	pthread_mutex_unlock(&s->lock);
+	st->fault_max_ns = __atomic_load_n(&s->st.fault_max_ns, __ATOMIC_RELAXED);
 	pthread_mutex_lock(&s->slot_lock);
 	st->side_peak = (s->nslots - s->nfree_min) * uw_page_size();
 	pthread_mutex_unlock(&s->slot_lock);
