@@ -21,7 +21,13 @@
  *                   spill high-water mark (0 here: a file sink takes spilled
  *                   pages at their offsets) + chunk buffer + page states
  *
- * Variants: fork; uffdwp (16 MiB side buffer cap); uffdwp_cap1m (1 MiB).
+ * Variants: fork; uffdwp (16 MiB side buffer cap); uffdwp_cap1m (1 MiB);
+ * uffdwp_delta: a session's base (writer running); a first delta of what
+ * the writer wrote while the base was copied; then the writer dirties 1%
+ * of the pages and stops, and the measured delta is taken (its writer
+ * metrics are 0: nothing writes during it); its rows are the delta's, plus
+ * base_pause_us, base_total_ms, pause_vs_base and total_vs_base (the
+ * delta's cost over the base's, same repetition) and delta_pages_pct.
  * Options: --quick, --reps N, --sizes MIB[,MIB...] (default 256,1024),
  * --thp on|off|both (default both).
  *   fault_max_us    uffdwp only: the longest the library's handler took
@@ -51,15 +57,50 @@ static void row(const char *variant, const char *param, const char *metric,
 	printf("snapshot,%s,%s,%s,%.3f,%s\n", variant, param, metric, v, unit);
 }
 
-/* The variants, in the order each repetition runs them; CAP 0: fork. */
+#define DELTA_PATH	"/tmp/bench-snapshot.delta"
+#define DELTA_PERMILLE	10
+
+/* The variants, in the order each repetition runs them. */
 static const struct variant {
 	const char *name;
+	enum { FORK, ONE_OFF, DELTA } kind;
 	size_t cap;
 } variants[] = {
-	{ "fork", 0 },
-	{ "uffdwp", SIDE_CAP },
-	{ "uffdwp_cap1m", 1UL << 20 },
+	{ "fork", FORK, 0 },
+	{ "uffdwp", ONE_OFF, SIDE_CAP },
+	{ "uffdwp_cap1m", ONE_OFF, 1UL << 20 },
+	{ "uffdwp_delta", DELTA, SIDE_CAP },
 };
+
+/* uffdwp_delta: the delta's rows and how it compares with its base. */
+static int run_delta(struct wl *wl, const char *param, int rep,
+		     struct wl_result *res)
+{
+	struct wl_result base;
+	uint64_t pages = 0;
+	int err = wl_snap_session(wl, SNAP_PATH, DELTA_PATH, DELTA_PERMILLE,
+				  &base, res, &pages);
+
+	unlink(DELTA_PATH);
+	if (err)
+		return err;
+	row("uffdwp_delta", param, "base_pause_us", base.pause_us, "us");
+	row("uffdwp_delta", param, "base_total_ms", base.total_ms, "ms");
+	row("uffdwp_delta", param, "pause_vs_base",
+	    base.pause_us > 0 ? res->pause_us / base.pause_us : 0, "ratio");
+	row("uffdwp_delta", param, "total_vs_base",
+	    base.total_ms > 0 ? res->total_ms / base.total_ms : 0, "ratio");
+	row("uffdwp_delta", param, "delta_pages_pct",
+	    100.0 * (double)pages / (double)(wl->len / (size_t)sysconf(_SC_PAGESIZE)),
+	    "pct");
+	if (!base.verified) {
+		res->verified = false;
+		memcpy(res->why, base.why, sizeof(res->why));
+	}
+	printf("# uffdwp_delta %s rep %d: base pause %.1f us total %.1f ms; delta of %llu pages\n",
+	       param, rep, base.pause_us, base.total_ms, (unsigned long long)pages);
+	return 0;
+}
 
 static void report(const char *variant, const char *param, int rep,
 		   const struct wl_result *res)
@@ -108,8 +149,11 @@ static int run_case(size_t mib, bool thp, int reps)
 				err = wl_start(&wl);
 			if (!err) {
 				usleep(20000);
-				err = var->cap ? wl_snap_uffdwp(&wl, SNAP_PATH, var->cap, &res)
-					       : wl_snap_fork(&wl, SNAP_PATH, &res);
+				err = var->kind == FORK ?
+				      wl_snap_fork(&wl, SNAP_PATH, &res) :
+				      var->kind == ONE_OFF ?
+				      wl_snap_uffdwp(&wl, SNAP_PATH, var->cap, &res) :
+				      run_delta(&wl, param, rep, &res);
 			}
 			unlink(SNAP_PATH);
 			wl_destroy(&wl);

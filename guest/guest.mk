@@ -71,7 +71,7 @@ $(PREFIX_G)/lib/pkgconfig/uffdwp.pc: $(LIB_A) include/uffdwp.h lib/uffdwp.pc.in
 	cp include/uffdwp.h $(PREFIX_G)/include/
 	cp $(LIB_A) $(PREFIX_G)/lib/
 	sed -e 's|@PREFIX@|$(PREFIX_G)|' -e 's|@LIBDIR@|$(PREFIX_G)/lib|' \
-		-e 's|@VERSION@|0.1.0|' lib/uffdwp.pc.in >$@
+		-e "s|@VERSION@|$$(sed -n 's/^UFFDWP_VER *:= *//p' lib/lib.mk)|" lib/uffdwp.pc.in >$@
 
 $(OUT)/bin/example-%: examples/%.c $(PREFIX_G)/lib/pkgconfig/uffdwp.pc
 	@mkdir -p $(dir $@)

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define UFFDWP_VERSION_MAJOR 0
-#define UFFDWP_VERSION_MINOR 1
+#define UFFDWP_VERSION_MINOR 2
 
 /*
  * uffdwp_version - the version of the library actually loaded, which may
@@ -202,7 +202,9 @@ struct uffdwp_snapshot_stats {
 	uint64_t fault_max_ns;	/* longest handling of one fault: claim,
 				 * save, unprotect (what a writer waits for
 				 * besides being woken) */
-	uint64_t __reserved[3];	/* room to grow: zeroed by the library */
+	uint64_t epoch;		/* sessions: this snapshot's epoch (0 for
+				 * one-off snapshots) */
+	uint64_t __reserved[2];	/* room to grow: zeroed by the library */
 };
 
 struct uffdwp_snapshot;
@@ -249,7 +251,9 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
  * the sink's (-errno of write(2) or pwrite(2), -ENOSPC when the sink fd
  * accepts no more bytes, or the callback's), the spill file's (-errno of
  * pwrite(2) when a page could not be saved: the writers then go on, the
- * snapshot is lost), or -EIO when protecting or unprotecting failed.
+ * snapshot is lost), -EAGAIN when pages not yet copied were discarded
+ * (MADV_DONTNEED, MADV_FREE, MADV_REMOVE) while it ran, or -EIO when
+ * protecting or unprotecting failed.
  * Thread safety: one waiter at a time; concurrently with cancel and stats.
  */
 int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms);
@@ -274,6 +278,154 @@ int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
  * Thread safety: once, when no other call on S runs.
  */
 void uffdwp_snapshot_free(struct uffdwp_snapshot *s);
+
+/* ------------------------------------------------------------------ */
+/* Snapshot sessions and snapshot files (since 0.2)                    */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A session takes a series of snapshots of the same regions.  Its first
+ * snapshot is a base (every page); each later one is a delta holding only
+ * the pages written since the previous snapshot's instant, so its pause
+ * and its cost follow what was written, not the size of the regions.
+ * Between snapshots the regions stay write-protected: the first write to
+ * a page after a snapshot is a round trip through the session's handler
+ * thread (which notes the page and unprotects it), like a write during a
+ * snapshot.  Pages discarded with MADV_DONTNEED, MADV_FREE or MADV_REMOVE
+ * count as written.  Where the session falls back to user-mode faults
+ * (stats.user_mode_only), system calls that write into the regions fail
+ * with EFAULT for as long as the session lives, not only during a copy.
+ *
+ * Snapshots are written in the uffdwp snapshot file format (version 1,
+ * in the writer's byte order, described in docs/libuffdwp.md): a 64-byte
+ * header, the regions, a bitmap of the pages stored, padding to a page,
+ * then the stored pages in address order.  uffdwp_snapshot_load() applies
+ * a base and its deltas in epoch order.
+ */
+struct uffdwp_session;
+
+struct uffdwp_session_opts {
+	size_t side_cap;	/* as in uffdwp_snapshot_opts */
+	unsigned int flags;	/* UFFDWP_SNAP_KERNEL_FAULTS,
+				 * UFFDWP_SNAP_NO_UNPOPULATED or
+				 * UFFDWP_SNAP_USER_MODE_ONLY */
+	uint64_t __reserved[6];	/* must be zero */
+};
+
+/*
+ * uffdwp_session_new - register NR regions (the rules of
+ * uffdwp_snapshot_start()) with a new userfaultfd for a series of
+ * snapshots.  Nothing is protected until the first snapshot.  OPTS may be
+ * NULL (the defaults).
+ * Returns 0 or the errors of uffdwp_snapshot_start() (there is no sink to
+ * check).  Thread safety: any thread.
+ */
+int uffdwp_session_new(struct uffdwp_session **out,
+		       const struct uffdwp_region *regions, size_t nr,
+		       const struct uffdwp_session_opts *opts);
+
+/* uffdwp_session_snapshot() flags. */
+#define UFFDWP_SESSION_BASE (1u << 0)	/* every page, even if a delta would do */
+
+/*
+ * uffdwp_session_snapshot - take the session's next snapshot into FD, a
+ * file, pipe or socket, from its current offset: a base when it is the
+ * session's first, when the previous one failed or with
+ * UFFDWP_SESSION_BASE, else a delta.  Returns at the snapshot instant,
+ * like uffdwp_snapshot_start(); uffdwp_session_wait() waits for the copy.
+ * FD must stay open until then.
+ * Returns 0 or:
+ *   -EINVAL   NULL SS, FD < 0, unknown flag;
+ *   -EBUSY    the previous snapshot has not finished (wait for it);
+ *   -ENOMEM, or what the kernel returned (the session then stays usable
+ *             and its next snapshot is a base).
+ * Thread safety: one call on SS at a time; writers may run.
+ */
+int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
+			    unsigned int flags);
+
+/*
+ * uffdwp_session_wait - wait for the current snapshot as
+ * uffdwp_snapshot_wait() does.  Besides its errors, -EAGAIN: pages not yet
+ * copied were discarded (MADV_DONTNEED and the like) while it ran, so the
+ * file cannot hold their contents at the instant; take another snapshot
+ * (a base).  -ENOENT when no snapshot was taken.
+ * Thread safety: as uffdwp_snapshot_wait().
+ */
+int uffdwp_session_wait(struct uffdwp_session *ss, int timeout_ms);
+
+/* uffdwp_session_stats - the counters of the current (or last) snapshot,
+ * as uffdwp_snapshot_stats(); PAGES counts the pages it stores.  Returns 0,
+ * -EINVAL or -ENOENT (no snapshot yet).  Thread safety: any thread. */
+int uffdwp_session_stats(struct uffdwp_session *ss,
+			 struct uffdwp_snapshot_stats *st);
+
+/* uffdwp_session_dirty - pages written since the last snapshot instant
+ * (what the next delta would store), or -EINVAL.  Thread safety: any
+ * thread. */
+ssize_t uffdwp_session_dirty(struct uffdwp_session *ss);
+
+/* uffdwp_session_free - stop a running snapshot, unprotect, unregister and
+ * free.  NULL is ignored.  Thread safety: once, when no other call on SS
+ * runs. */
+void uffdwp_session_free(struct uffdwp_session *ss);
+
+#define UFFDWP_FILE_BASE	0	/* uffdwp_snapshot_info.kind */
+#define UFFDWP_FILE_DELTA	1
+
+/* What a snapshot file's header says. */
+struct uffdwp_snapshot_info {
+	uint32_t version;	/* of the file format: 1 */
+	uint32_t page_size;
+	uint32_t kind;		/* UFFDWP_FILE_BASE or UFFDWP_FILE_DELTA */
+	uint32_t nregions;
+	uint64_t session;	/* random, shared by a session's snapshots */
+	uint64_t epoch;		/* 0, 1, 2...: the session's snapshots so far */
+	uint64_t pages_total;	/* pages in the regions */
+	uint64_t pages;		/* pages stored in the file */
+	uint64_t file_len;	/* bytes of the whole snapshot in the file */
+	uint64_t __reserved[3];
+};
+
+/*
+ * uffdwp_snapshot_read_info - read the header of the snapshot file at FD's
+ * current offset (with pread(2): the offset does not move), and up to MAX
+ * of its regions (their recorded addresses and lengths) into REGIONS,
+ * which may be NULL when MAX is 0.  Returns the number of regions in the
+ * file (more than MAX when they did not all fit) or -EINVAL (NULL INFO),
+ * -EBADMSG (not a uffdwp snapshot, truncated or inconsistent header),
+ * -EPROTONOSUPPORT (a format version this library cannot read, or the
+ * other byte order), -ESPIPE (FD cannot be read at an offset), or the
+ * -errno of pread(2).
+ * Thread safety: any thread.
+ */
+int uffdwp_snapshot_read_info(int fd, struct uffdwp_snapshot_info *info,
+			      struct uffdwp_region *regions, size_t max);
+
+/*
+ * uffdwp_snapshot_load - read one snapshot file from FD (sequentially from
+ * its current offset: files, pipes and sockets alike) and write its pages
+ * into memory: into DST[i] for the file's i-th region (in address order),
+ * or, when DST is NULL and NR 0, at the addresses the file records (which
+ * must be mapped and writable in the caller).  Apply a base first, then
+ * its deltas in epoch order, passing the info of the previous file as
+ * PREV (NULL for the base): a delta is refused unless it follows PREV in
+ * the same session.  INFO (may be NULL) receives the file's header.
+ * Returns 0 or:
+ *   -EINVAL   bad arguments, or DST's count or a length differs from the
+ *             file's regions;
+ *   -EBADMSG  not a uffdwp snapshot, truncated or inconsistent;
+ *   -EPROTONOSUPPORT  format version or byte order not readable here;
+ *   -ESTALE   a delta without PREV, of another session, or not next after
+ *             PREV;
+ *   -EFAULT   a destination page is not mapped writable;
+ *   -ENOMEM, or the -errno of read(2).
+ * Memory may have been partly written when an error comes after the
+ * header.  Thread safety: any thread.
+ */
+int uffdwp_snapshot_load(int fd, const struct uffdwp_region *dst, size_t nr,
+			 const struct uffdwp_snapshot_info *prev,
+			 struct uffdwp_snapshot_info *info);
 
 /* ------------------------------------------------------------------ */
 /* Dirty tracker                                                       */

@@ -48,6 +48,7 @@ int uw_protect(int uffd, uintptr_t addr, size_t len, bool wp, bool wake);
 /* MADV_POPULATE_READ (or touch) every page of the regions so that WP
  * without WP_UNPOPULATED covers them. */
 int uw_populate_read(const struct uw_regions *rs);
+int uw_populate_range(uintptr_t addr, size_t len);
 /* PAGEMAP_SCAN (on PAGEMAP_FD, with FLAGS, reporting pages in every
  * category of MASK) over every region, VEC of VEC_LEN entries at a time;
  * FN gets each reported range [start, end).  0 or -errno. */
@@ -56,6 +57,34 @@ int uw_scan_regions(int pagemap_fd, const struct uw_regions *rs,
 		    size_t vec_len,
 		    void (*fn)(void *arg, uintptr_t start, uintptr_t end),
 		    void *arg);
+
+/* Wake the threads waiting on faults in [addr, addr + len). */
+int uw_wake(int uffd, uintptr_t addr, size_t len);
+
+/* Snapshot files (snapfile.c; the layout is in docs/libuffdwp.md). */
+#define UW_FILE_MAGIC	"UFFDWPSN"
+#define UW_FILE_VERSION	1
+struct uw_file_header {
+	char magic[8];
+	uint32_t version;
+	uint32_t header_len;		/* sizeof(struct uw_file_header) */
+	uint32_t page_size;
+	uint32_t kind;			/* UFFDWP_FILE_* */
+	uint32_t nregions;
+	uint32_t flags;			/* 0 */
+	uint64_t session;
+	uint64_t epoch;
+	uint64_t pages_total;
+	uint64_t pages;
+};
+/* Bytes before the first stored page: header, regions, bitmap, padding
+ * to a page. */
+size_t uw_file_data_off(size_t nregions, size_t pages_total, size_t psz);
+/* Fill BUF (uw_file_data_off() bytes) for a file of RS storing the pages
+ * set in MAP (PAGES of them). */
+void uw_file_prefix(char *buf, const struct uw_regions *rs,
+		    const _Atomic uint64_t *map, uint32_t kind,
+		    uint64_t session, uint64_t epoch, uint64_t pages);
 
 /* Soft-dirty: one user per process. */
 int uw_soft_dirty_claim(void);

@@ -147,3 +147,10 @@ int uw_protect(int uffd, uintptr_t addr, size_t len, bool wp, bool wake)
 
 	return uw_ioctl(uffd, UFFDIO_WRITEPROTECT, &w);
 }
+
+int uw_wake(int uffd, uintptr_t addr, size_t len)
+{
+	struct uffdio_range r = { .start = addr, .len = len };
+
+	return uw_ioctl(uffd, UFFDIO_WAKE, &r);
+}

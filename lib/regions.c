@@ -95,21 +95,30 @@ uintptr_t uw_page_addr(const struct uw_regions *rs, size_t idx)
 	return (uintptr_t)rs->r[lo].addr + (idx - rs->first[lo]) * uw_page_size();
 }
 
-int uw_populate_read(const struct uw_regions *rs)
+int uw_populate_range(uintptr_t addr, size_t len)
 {
+	volatile const char *p = (const char *)addr;
 	size_t psz = uw_page_size();
 
-	for (size_t i = 0; i < rs->nr; i++) {
-		volatile const char *p = rs->r[i].addr;
-
 #ifdef MADV_POPULATE_READ
-		if (!madvise(rs->r[i].addr, rs->r[i].len, MADV_POPULATE_READ))
-			continue;
-		if (errno != EINVAL)
-			return -errno;
+	if (!madvise((void *)addr, len, MADV_POPULATE_READ))
+		return 0;
+	if (errno != EINVAL)
+		return -errno;
 #endif
-		for (size_t off = 0; off < rs->r[i].len; off += psz)
-			(void)p[off];
+	for (size_t off = 0; off < len; off += psz)
+		(void)p[off];
+	return 0;
+}
+
+int uw_populate_read(const struct uw_regions *rs)
+{
+	for (size_t i = 0; i < rs->nr; i++) {
+		int err = uw_populate_range((uintptr_t)rs->r[i].addr,
+					    rs->r[i].len);
+
+		if (err)
+			return err;
 	}
 	return 0;
 }

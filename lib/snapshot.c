@@ -30,6 +30,19 @@
  * PMD-mapped 2 MiB blocks; a fault in one saves all of the block's pages
  * and unprotects the block as one, so the kernel keeps the PMD mapping
  * (unprotecting 4 KiB of it would split it).
+ *
+ * Sessions use the same machinery on a userfaultfd that outlives each
+ * snapshot.  The copier leaves copied pages protected (it only wakes the
+ * writers that faulted on its chunk); the handler marks every page it
+ * unprotects in a dirty bitmap.  The next instant pauses the handler,
+ * takes the dirty bitmap as the new snapshot's page set, protects just
+ * those pages again and lets the handler go: the pause and the copy follow
+ * what was written.  (The handler holds an instant lock while it handles
+ * a batch of messages; the instant takes it.)  Session snapshots go to the sink in the snapshot file
+ * format (snapfile.c): a page's place in the file is its rank among the
+ * stored pages.  UFFD_EVENT_REMOVE (MADV_DONTNEED and the like) marks the
+ * discarded pages dirty, and fails a running snapshot with -EAGAIN when a
+ * page it has not copied yet goes: its contents at the instant are lost.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,21 +54,13 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "snapshot.h"
 
-#define ST_PENDING	0u
-#define ST_COPYING	1u
-#define ST_CLAIMED	2u
-#define ST_SPILLED	3u
-#define ST_DONE		4u
-#define ST_SAVED	5u	/* + slot */
-
-#define CHUNK		UW_HPAGE_SIZE
-#define DEFAULT_CAP	(16UL << 20)
 #define MSGS		32
 #define SCAN_VEC	256
 /* The fd sink issues write(2)s of at most this much: on some kernels the
@@ -63,53 +68,9 @@
  * write took ~1.4 s in the riscv64 TCG guest, 128 x 16 KiB ~35 ms).  It
  * also matches pipe and socket buffers. */
 #define SINK_WRITE_MAX	(16UL << 10)
-#define SNAP_FLAGS	(UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_NO_UNPOPULATED | \
-			 UFFDWP_SNAP_USER_MODE_ONLY)
-
 void (*uw_snap_before_chunk)(void);
 
-struct uffdwp_snapshot {
-	size_t self_len;
-	struct uw_regions rs;
-	struct uffdwp_snapshot_opts opts;
-	int uffd, stop_fd;
-	pthread_t handler, copier;
-	bool handler_started, copier_started, registered;
-
-	pthread_mutex_t lock;		/* done, error, the stats */
-	pthread_cond_t changed;		/* go or cancel changed */
-	pthread_cond_t finished;	/* done became true */
-	bool go;			/* protect phase over */
-	bool cancel;
-	bool done;
-	int error;
-	int spill_error;		/* the handler could not save a page */
-
-	_Atomic uint32_t *state;
-	size_t state_len;
-	_Atomic uint64_t *huge;		/* page bits: in a PMD-mapped block */
-	size_t huge_len;
-	char *side;
-	pthread_mutex_t slot_lock;	/* free_slot, nfree: held for a push
-					 * or a pop, never across a copy */
-	uint32_t *free_slot;		/* stack of free slot numbers */
-	size_t nslots, nfree, slots_len;
-	size_t nfree_min;		/* low-water mark of nfree */
-	char *chunk;
-
-	/* Spill: pages go to SPILL_FD at SPILL_BASE + page index * page
-	 * size.  SINK_POSITIONAL: that is the sink file itself, written by
-	 * the copier with pwrite(2) at the same offsets. */
-	int spill_fd;
-	bool sink_positional;
-	off_t spill_base;
-	uint64_t spill_bytes;		/* memfd: held now */
-
-	struct uffdwp_snapshot_stats st;
-	uint64_t t_start;
-};
-
-static void finish(struct uffdwp_snapshot *s, int err)
+void uw_snap_finish(struct uffdwp_snapshot *s, int err)
 {
 	pthread_mutex_lock(&s->lock);
 	if (!s->done) {
@@ -129,7 +90,7 @@ static bool cancelled(struct uffdwp_snapshot *s)
 	return __atomic_load_n(&s->cancel, __ATOMIC_ACQUIRE);
 }
 
-static int unprotect_all(struct uffdwp_snapshot *s)
+int uw_snap_unprotect_all(struct uffdwp_snapshot *s)
 {
 	int ret = 0;
 
@@ -145,15 +106,15 @@ static int unprotect_all(struct uffdwp_snapshot *s)
 }
 
 /* Stop saving: record ERR (the first one wins), let every writer go. */
-static void abort_snapshot(struct uffdwp_snapshot *s, int err)
+void uw_snap_abort(struct uffdwp_snapshot *s, int err)
 {
 	pthread_mutex_lock(&s->lock);
-	if (!s->spill_error)
-		s->spill_error = err;
+	if (!s->handler_error)
+		s->handler_error = err;
 	__atomic_store_n(&s->cancel, true, __ATOMIC_RELEASE);
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
-	unprotect_all(s);
+	uw_snap_unprotect_all(s);
 }
 
 static bool in_huge(struct uffdwp_snapshot *s, size_t idx)
@@ -161,6 +122,42 @@ static bool in_huge(struct uffdwp_snapshot *s, size_t idx)
 	return s->huge && (atomic_load_explicit(&s->huge[idx / 64],
 						memory_order_relaxed) >>
 			   (idx % 64) & 1);
+}
+
+static bool bit(const _Atomic uint64_t *map, size_t i)
+{
+	return atomic_load_explicit(&map[i / 64], memory_order_relaxed) >>
+	       (i % 64) & 1;
+}
+
+/* Is page IDX in this snapshot? */
+static bool in_set(struct uffdwp_snapshot *s, size_t idx)
+{
+	return !s->set || bit(s->set, idx);
+}
+
+/* Where page IDX of the snapshot goes in a positional sink file: after
+ * the prefix, at its rank among the stored pages. */
+static off_t file_off(struct uffdwp_snapshot *s, size_t idx)
+{
+	size_t r = idx;
+
+	if (s->set) {
+		uint64_t below = (1ULL << (idx % 64)) - 1;
+
+		r = s->rank[idx / 64] + (size_t)__builtin_popcountll(
+			atomic_load_explicit(&s->set[idx / 64],
+					     memory_order_relaxed) & below);
+	}
+	return s->spill_base + s->data_off + (off_t)(r * uw_page_size());
+}
+
+/* Where the handler spills page IDX: its place in a positional sink, else
+ * its page index in the memfd. */
+static off_t spill_off(struct uffdwp_snapshot *s, size_t idx)
+{
+	return s->sink_positional ? file_off(s, idx) :
+	       (off_t)(idx * uw_page_size());
 }
 
 enum io { IO_WRITE, IO_PWRITE, IO_PREAD };
@@ -212,7 +209,7 @@ static bool take_slot(struct uffdwp_snapshot *s, uint32_t *slot)
 /* Save the old contents of the N claimed pages from page index IDX (at
  * ADDR): to side buffer slots while there are free ones, the rest to the
  * spill file in runs, counting them in *SAVED and *SPILLED.  Returns 0, or
- * the spill file's -errno after failing the snapshot (abort_snapshot()). */
+ * the spill file's -errno after failing the snapshot (uw_snap_abort()). */
 static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 			size_t n, size_t *saved, size_t *spilled)
 {
@@ -244,13 +241,13 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 						     memory_order_relaxed) ==
 				ST_CLAIMED)
 			j++;
+		/* Claimed pages are in the set: consecutive in the file. */
 		err = io_all(s->spill_fd, (char *)(addr + i * psz),
-			     (j - i) * psz,
-			     s->spill_base + (off_t)((idx + i) * psz), IO_PWRITE);
+			     (j - i) * psz, spill_off(s, idx + i), IO_PWRITE);
 		/* Fail the snapshot before the copier can see these pages
 		 * settle without their contents. */
 		if (err)
-			abort_snapshot(s, err);
+			uw_snap_abort(s, err);
 		for (size_t k = i; k < j; k++)
 			atomic_store_explicit(&s->state[idx + k],
 					      err ? ST_DONE : ST_SPILLED,
@@ -271,8 +268,9 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 
 /*
  * A write fault at ADDR: the page, or its whole 2 MiB block when that was
- * PMD-mapped, is saved and unprotected.  Pages the copier is reading are
- * left to it (its unprotect wakes the writer).
+ * PMD-mapped, is saved (if not copied yet) and unprotected.  Pages the
+ * copier is reading are left to it: its unprotect wakes the writer (in a
+ * session its wake-up, and the writer faults again on a copied page).
  */
 static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 {
@@ -303,6 +301,9 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	}
 	if (claimed)
 		err = save_claimed(s, (size_t)idx, addr, n, &saved, &spilled);
+	/* A session's next snapshot stores whatever gets unprotected. */
+	for (size_t i = 0; s->session && idx >= 0 && i < n; i++)
+		uw_bit_set(s->dirty, (size_t)idx + i);
 	/* Counted before the writer is woken: it may read the stats next. */
 	pthread_mutex_lock(&s->lock);
 	s->st.faults += counted;
@@ -323,24 +324,97 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	if (!err && !copier_has_it &&
 	    uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
 		/* Cannot happen on a live region; never leave a writer stuck. */
-		abort_snapshot(s, -EIO);
+		uw_snap_abort(s, -EIO);
 	t0 = uw_now_ns() - t0;
 	/* Only this thread raises it: a relaxed store is enough. */
 	if (t0 > __atomic_load_n(&s->st.fault_max_ns, __ATOMIC_RELAXED))
 		__atomic_store_n(&s->st.fault_max_ns, t0, __ATOMIC_RELAXED);
 }
 
+/*
+ * [START, END) is being discarded (UFFD_EVENT_REMOVE: the kernel zaps it
+ * right after this message was read, so its contents cannot be saved any
+ * more).  In a session those pages count as written; a running snapshot
+ * that had not copied one of them fails with -EAGAIN.
+ */
+static void handle_remove(struct uffdwp_snapshot *s, uintptr_t start,
+			  uintptr_t end)
+{
+	size_t psz = uw_page_size();
+	bool lost = false;
+
+	for (size_t r = 0; r < s->rs.nr; r++) {
+		uintptr_t a = (uintptr_t)s->rs.r[r].addr;
+		uintptr_t e = a + s->rs.r[r].len;
+
+		if (a < start)
+			a = start;
+		if (e > end)
+			e = end;
+		for (size_t i = a < e ? (size_t)uw_page_index(&s->rs, a) : 0;
+		     a < e; a += psz, i++) {
+			uint32_t st = atomic_load_explicit(&s->state[i],
+							   memory_order_acquire);
+
+			if (s->session)
+				uw_bit_set(s->dirty, i);
+			lost |= (st == ST_PENDING || st == ST_COPYING) &&
+				in_set(s, i);
+		}
+	}
+	if (lost && !cancelled(s))
+		uw_snap_abort(s, -EAGAIN);
+}
+
+/*
+ * Read and handle one batch of messages.  A session's instant (session.c)
+ * takes the instant lock, and the handler holds it to read a batch and
+ * handle its discards, then for each fault: so no fault is handled during
+ * an instant (its writer stays blocked until the instant is over), and no
+ * discard read before an instant is handled after it (the kernel zaps the
+ * range as soon as the event is read).  A fault read before an instant
+ * and handled after it is handled right: its write has not happened.
+ * False when the handler should stop.
+ */
+static bool handle_batch(struct uffdwp_snapshot *s)
+{
+	struct uffd_msg msg[MSGS];
+	ssize_t n;
+
+	if (s->session)
+		pthread_mutex_lock(&s->instant_lock);
+	n = read(s->uffd, msg, sizeof(msg));
+	for (size_t i = 0; n > 0 && i < (size_t)n / sizeof(msg[0]); i++)
+		if (msg[i].event == UFFD_EVENT_REMOVE)
+			handle_remove(s, msg[i].arg.remove.start,
+				      msg[i].arg.remove.end);
+	if (s->session)
+		pthread_mutex_unlock(&s->instant_lock);
+	for (size_t i = 0; n > 0 && i < (size_t)n / sizeof(msg[0]); i++) {
+		if (msg[i].event != UFFD_EVENT_PAGEFAULT)
+			continue;
+		if (s->session)
+			pthread_mutex_lock(&s->instant_lock);
+		handle_fault(s, (uintptr_t)msg[i].arg.pagefault.address &
+				~(uintptr_t)(uw_page_size() - 1));
+		if (s->session)
+			pthread_mutex_unlock(&s->instant_lock);
+	}
+	return n >= 0 || errno == EAGAIN || errno == EINTR;
+}
+
 static void *handler_main(void *arg)
 {
 	struct uffdwp_snapshot *s = arg;
-	struct uffd_msg msg[MSGS];
 	struct pollfd pfd[2] = {
 		{ .fd = s->uffd, .events = POLLIN },
 		{ .fd = s->stop_fd, .events = POLLIN },
 	};
 
+	/* A one-off snapshot's handler starts at the end of the protect
+	 * phase; a session's instants take its instant lock instead. */
 	pthread_mutex_lock(&s->lock);
-	while (!s->go && !s->cancel)
+	while (!s->session && !s->go && !s->cancel)
 		pthread_cond_wait(&s->changed, &s->lock);
 	pthread_mutex_unlock(&s->lock);
 	for (;;) {
@@ -349,21 +423,8 @@ static void *handler_main(void *arg)
 				continue;
 			break;
 		}
-		if (pfd[1].revents)
+		if (pfd[1].revents || !handle_batch(s))
 			break;
-		ssize_t n = read(s->uffd, msg, sizeof(msg));
-
-		if (n < 0) {
-			if (errno == EAGAIN || errno == EINTR)
-				continue;
-			break;
-		}
-		for (size_t i = 0; i < (size_t)n / sizeof(msg[0]); i++) {
-			if (msg[i].event != UFFD_EVENT_PAGEFAULT)
-				continue;
-			handle_fault(s, (uintptr_t)msg[i].arg.pagefault.address &
-					~(uintptr_t)(uw_page_size() - 1));
-		}
 	}
 	return NULL;
 }
@@ -378,8 +439,8 @@ static bool spilled_at(struct uffdwp_snapshot *s, size_t first, size_t i)
 }
 
 /* Hand the chunk buffer (LEN bytes from ADDR, page index FIRST) to the
- * sink.  A positional sink gets every run of pages not already spilled
- * into it at their own offsets. */
+ * sink: the pages of the set, in runs.  A positional sink gets every run
+ * not already spilled into it at the runs' own offsets. */
 static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
 		size_t len)
 {
@@ -388,23 +449,26 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
 
 	if (s->opts.sink)
 		return s->opts.sink(s->opts.sink_arg, (void *)addr, p, len);
-	if (s->sink_positional) {
-		for (size_t i = 0; i < n;) {
-			size_t j = i;
-			int err;
+	for (size_t i = 0; i < n;) {
+		size_t j = i;
+		int err;
 
-			while (j < n && !spilled_at(s, first, j))
-				j++;
-			err = io_all(s->opts.sink_fd, p + i * psz,
-				     (j - i) * psz, s->spill_base +
-				     (off_t)((first + i) * psz), IO_PWRITE);
-			if (err)
-				return err;
-			i = j + (j == i);
+		while (j < n && in_set(s, first + j) && !spilled_at(s, first, j))
+			j++;
+		if (j == i) {
+			i++;
+			continue;
 		}
-		return 0;
+		err = s->sink_positional ?
+		      io_all(s->opts.sink_fd, p + i * psz, (j - i) * psz,
+			     file_off(s, first + i), IO_PWRITE) :
+		      io_all(s->opts.sink_fd, p + i * psz, (j - i) * psz, 0,
+			     IO_WRITE);
+		if (err)
+			return err;
+		i = j;
 	}
-	return io_all(s->opts.sink_fd, p, len, 0, IO_WRITE);
+	return 0;
 }
 
 /* Wait for the handler to finish saving page FIRST + I (a page copy). */
@@ -424,7 +488,7 @@ static int fetch_saved(struct uffdwp_snapshot *s, size_t first, size_t i,
 		       uint32_t st)
 {
 	size_t psz = uw_page_size();
-	off_t off = s->spill_base + (off_t)((first + i) * psz);
+	off_t off = spill_off(s, first + i);
 	int err;
 
 	if (st >= ST_SAVED) {
@@ -490,7 +554,10 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 			atomic_store_explicit(&st[i], ST_DONE,
 					      memory_order_release);
 	}
-	if (uw_protect(s->uffd, addr, len, false, true))
+	/* A session keeps the pages protected to see the next write: only
+	 * wake the writers that faulted on pages of the chunk. */
+	if (s->session ? uw_wake(s->uffd, addr, len) :
+	    uw_protect(s->uffd, addr, len, false, true))
 		return -EIO;
 	if (err)
 		return err;
@@ -500,12 +567,40 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 	if (err)
 		return err < 0 ? err : -EIO;
 	pthread_mutex_lock(&s->lock);
-	s->st.pages_copied += n;
+	for (size_t i = 0; i < n; i++)
+		s->st.pages_copied += in_set(s, first + i);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
 
-static void *copier_main(void *arg)
+/* Does the chunk of N pages from page index FIRST hold a page of the set? */
+static bool chunk_in_set(struct uffdwp_snapshot *s, size_t first, size_t n)
+{
+	for (size_t i = 0; s->set && i < n; i++) {
+		if (i % 64 == 0 && (first + i) % 64 == 0 && n - i >= 64 &&
+		    !atomic_load_explicit(&s->set[(first + i) / 64],
+					  memory_order_relaxed)) {
+			i += 63;
+			continue;
+		}
+		if (bit(s->set, first + i))
+			return true;
+	}
+	return !s->set;
+}
+
+/* The sink's first bytes: the file header of a session snapshot. */
+static int write_prefix(struct uffdwp_snapshot *s)
+{
+	if (!s->prefix)
+		return 0;
+	uw_file_prefix(s->prefix, &s->rs, s->set, s->kind, s->session_id,
+		       s->st.epoch, s->st.pages);
+	return io_all(s->opts.sink_fd, s->prefix, (size_t)s->data_off,
+		      s->spill_base, s->sink_positional ? IO_PWRITE : IO_WRITE);
+}
+
+void *uw_snap_copier_main(void *arg)
 {
 	struct uffdwp_snapshot *s = arg;
 	int err = 0;
@@ -514,15 +609,21 @@ static void *copier_main(void *arg)
 	while (!s->go && !s->cancel)
 		pthread_cond_wait(&s->changed, &s->lock);
 	pthread_mutex_unlock(&s->lock);
+	err = write_prefix(s);
 	for (size_t r = 0; r < s->rs.nr && !err; r++) {
 		uintptr_t a = (uintptr_t)s->rs.r[r].addr;
 		uintptr_t end = a + s->rs.r[r].len;
 
 		while (a < end && !err) {
 			uintptr_t next = (a & ~(uintptr_t)(CHUNK - 1)) + CHUNK;
+			size_t first = (size_t)uw_page_index(&s->rs, a);
 
 			if (next > end)
 				next = end;
+			if (!chunk_in_set(s, first, (next - a) / uw_page_size())) {
+				a = next;
+				continue;
+			}
 			if (uw_snap_before_chunk)
 				uw_snap_before_chunk();
 			if (cancelled(s))
@@ -533,26 +634,27 @@ static void *copier_main(void *arg)
 		}
 	}
 	if (!err && s->sink_positional &&
-	    lseek(s->opts.sink_fd, s->spill_base +
-		  (off_t)(s->rs.pages * uw_page_size()), SEEK_SET) < 0)
+	    lseek(s->opts.sink_fd, s->spill_base + s->data_off +
+		  (off_t)(s->st.pages * uw_page_size()), SEEK_SET) < 0)
 		err = -errno;
 	if (err) {
 		/* Let every writer go: nothing more will be saved. */
 		pthread_mutex_lock(&s->lock);
 		s->cancel = true;
-		if (err == -ECANCELED && s->spill_error)
-			err = s->spill_error;
+		s->need_base = true;
+		if (err == -ECANCELED && s->handler_error)
+			err = s->handler_error;
 		pthread_cond_broadcast(&s->changed);
 		pthread_mutex_unlock(&s->lock);
-		unprotect_all(s);
+		uw_snap_unprotect_all(s);
 	}
-	finish(s, err);
+	uw_snap_finish(s, err);
 	return NULL;
 }
 
 /* ---- setup and API ---- */
 
-static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
 {
 	sigset_t all, old;
 	int err;
@@ -566,6 +668,13 @@ static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
 	return -err;
 }
 
+static size_t page_round(size_t n)
+{
+	size_t psz = uw_page_size();
+
+	return (n + psz - 1) / psz * psz;
+}
+
 static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 {
 	size_t psz = uw_page_size();
@@ -573,9 +682,9 @@ static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 	s->nslots = cap / psz ? cap / psz : 1;
 	if (s->nslots > UINT32_MAX - ST_SAVED)
 		s->nslots = UINT32_MAX - ST_SAVED;
-	s->state_len = (s->rs.pages * sizeof(uint32_t) + psz - 1) / psz * psz;
-	s->huge_len = ((s->rs.pages + 63) / 64 * 8 + psz - 1) / psz * psz;
-	s->slots_len = (s->nslots * sizeof(uint32_t) + psz - 1) / psz * psz;
+	s->state_len = page_round(s->rs.pages * sizeof(uint32_t));
+	s->huge_len = page_round((s->rs.pages + 63) / 64 * 8);
+	s->slots_len = page_round(s->nslots * sizeof(uint32_t));
 	s->state = uw_alloc(s->state_len);
 	s->huge = uw_alloc(s->huge_len);
 	s->free_slot = uw_alloc(s->slots_len);
@@ -589,20 +698,34 @@ static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 	s->st.side_cap = s->nslots * psz;
 	s->st.fixed_bytes = CHUNK + s->state_len + s->huge_len + s->slots_len;
 	s->st.pages = s->rs.pages;
+	if (!s->session)
+		return 0;
+	s->words = (s->rs.pages + 63) / 64;
+	s->bitmap_len = page_round(s->words * 8);
+	s->data_off = (off_t)uw_file_data_off(s->rs.nr, s->rs.pages, psz);
+	s->set = uw_alloc(s->bitmap_len);
+	s->dirty = uw_alloc(s->bitmap_len);
+	s->rank = uw_alloc(s->bitmap_len);
+	s->prefix = uw_alloc((size_t)s->data_off);
+	if (!s->set || !s->dirty || !s->rank || !s->prefix)
+		return -ENOMEM;
+	s->st.fixed_bytes += 3 * s->bitmap_len + (size_t)s->data_off;
 	return 0;
 }
 
 /*
  * Where spilled pages go.  A regular file sink without O_APPEND is written
  * at offsets from its current position, so a page can go straight to its
- * place in it; anything else spills to a memfd.
+ * place in it; anything else spills to a memfd (kept by a session from one
+ * snapshot to the next).
  */
-static int setup_spill(struct uffdwp_snapshot *s)
+int uw_snap_setup_spill(struct uffdwp_snapshot *s)
 {
 	int fd = s->opts.sink_fd, fl;
 	struct stat sb;
 	off_t pos;
 
+	s->spill_bytes = 0;
 	if (!s->opts.sink && !fstat(fd, &sb) && S_ISREG(sb.st_mode) &&
 	    (fl = fcntl(fd, F_GETFL)) >= 0 && !(fl & O_APPEND) &&
 	    (pos = lseek(fd, 0, SEEK_CUR)) >= 0) {
@@ -611,9 +734,16 @@ static int setup_spill(struct uffdwp_snapshot *s)
 		s->spill_base = pos;
 		return 0;
 	}
-	s->spill_fd = memfd_create("uffdwp-spill", MFD_CLOEXEC);
-	if (s->spill_fd < 0)
+	s->sink_positional = false;
+	s->spill_base = 0;
+	if (s->memfd < 0)
+		s->memfd = memfd_create("uffdwp-spill", MFD_CLOEXEC);
+	else if (ftruncate(s->memfd, 0)) {
+		/* Left-over pages are overwritten before they are read. */
+	}
+	if (s->memfd < 0)
 		return -errno;
+	s->spill_fd = s->memfd;
 	return 0;
 }
 
@@ -629,17 +759,21 @@ static void mark_huge(void *arg, uintptr_t start, uintptr_t end)
 
 		for (size_t p = 0; p < UW_HPAGE_SIZE / psz; p++)
 			uw_bit_set(s->huge, i + p);
-		s->st.huge_blocks++;
+		s->nhuge++;
 	}
 }
 
-/* Mark the pages of every 2 MiB block that is PMD-mapped now.  Best
- * effort: without PAGEMAP_SCAN every fault saves a single page. */
-static void find_huge_blocks(struct uffdwp_snapshot *s)
+/* Mark the pages of every 2 MiB block that is PMD-mapped now (forgetting
+ * earlier marks).  Best effort: without PAGEMAP_SCAN every fault saves a
+ * single page. */
+void uw_snap_find_huge(struct uffdwp_snapshot *s)
 {
 	struct page_region vec[SCAN_VEC];
 	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 
+	for (size_t w = 0; w < s->huge_len / 8; w++)
+		atomic_store_explicit(&s->huge[w], 0, memory_order_relaxed);
+	s->nhuge = 0;
 	if (fd < 0)
 		return;
 	uw_scan_regions(fd, &s->rs, 0, PAGE_IS_HUGE, vec, SCAN_VEC,
@@ -647,7 +781,7 @@ static void find_huge_blocks(struct uffdwp_snapshot *s)
 	close(fd);
 }
 
-static void destroy(struct uffdwp_snapshot *s)
+void uw_snap_destroy(struct uffdwp_snapshot *s)
 {
 	size_t psz = uw_page_size();
 
@@ -663,65 +797,87 @@ static void destroy(struct uffdwp_snapshot *s)
 	if (s->handler_started)
 		pthread_join(s->handler, NULL);
 	if (s->registered) {
-		unprotect_all(s);
+		uw_snap_unprotect_all(s);
 		uw_unregister(s->uffd, &s->rs);
 	}
 	if (s->uffd >= 0)
 		close(s->uffd);
 	if (s->stop_fd >= 0)
 		close(s->stop_fd);
-	if (!s->sink_positional && s->spill_fd >= 0)	/* the memfd */
-		close(s->spill_fd);
+	if (s->memfd >= 0)
+		close(s->memfd);
 	uw_free(s->state, s->state_len);
 	uw_free(s->huge, s->huge_len);
 	uw_free(s->free_slot, s->slots_len);
 	uw_free(s->side, s->nslots * psz);
 	uw_free(s->chunk, CHUNK);
+	uw_free(s->set, s->bitmap_len);
+	uw_free(s->dirty, s->bitmap_len);
+	uw_free(s->rank, s->bitmap_len);
+	uw_free(s->prefix, (size_t)s->data_off);
 	uw_regions_fini(&s->rs);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->slot_lock);
+	pthread_mutex_destroy(&s->instant_lock);
 	pthread_cond_destroy(&s->changed);
 	pthread_cond_destroy(&s->finished);
 	uw_free(s, s->self_len);
 }
-int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
-			  const struct uffdwp_region *regions, size_t nr,
-			  const struct uffdwp_snapshot_opts *opts)
+
+int uw_snap_check_flags(unsigned int flags, const uint64_t *reserved,
+		       size_t nreserved)
 {
-	size_t psz = uw_page_size(), self_len;
+	for (size_t i = 0; i < nreserved; i++)
+		if (reserved[i])
+			return -EINVAL;
+	if ((flags & ~SNAP_FLAGS) ||
+	    (flags & UFFDWP_SNAP_KERNEL_FAULTS &&
+	     flags & UFFDWP_SNAP_USER_MODE_ONLY))
+		return -EINVAL;
+	return 0;
+}
+
+/*
+ * What a snapshot and a session share: the object, the userfaultfd (in
+ * sync WP mode, with kernel-mode faults where the process may), the
+ * buffers, the registration and the fault handler thread.
+ */
+int uw_snap_create(struct uffdwp_snapshot **out,
+		  const struct uffdwp_region *regions, size_t nr,
+		  const struct uffdwp_snapshot_opts *opts, bool session)
+{
+	size_t self_len = page_round(sizeof(struct uffdwp_snapshot));
+	uint64_t features = UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+			    UFFD_FEATURE_EVENT_REMOVE;
 	struct uffdwp_features f;
 	struct uffdwp_snapshot *s;
 	pthread_condattr_t ca;
-	uint64_t features = UFFD_FEATURE_PAGEFAULT_FLAG_WP, t0;
 	int err;
 
-	for (size_t i = 0; opts && i < sizeof(opts->__reserved) / 8; i++)
-		if (opts->__reserved[i])
-			return -EINVAL;
-	if (!out || !opts || (opts->flags & ~SNAP_FLAGS) ||
-	    (opts->flags & UFFDWP_SNAP_KERNEL_FAULTS &&
-	     opts->flags & UFFDWP_SNAP_USER_MODE_ONLY) ||
-	    (opts->sink_fd >= 0) == (opts->sink != NULL) ||
-	    /* a zero-filled struct must not stream memory to stdin */
-	    opts->sink_fd == 0)
-		return -EINVAL;
-	*out = NULL;
-	self_len = (sizeof(*s) + psz - 1) / psz * psz;
 	s = uw_alloc(self_len);
 	if (!s)
 		return -ENOMEM;
 	memset(s, 0, sizeof(*s));
 	s->self_len = self_len;
-	s->uffd = s->stop_fd = s->spill_fd = -1;
+	s->uffd = s->stop_fd = s->spill_fd = s->memfd = -1;
 	s->opts = *opts;
+	s->session = session;
 	s->t_start = uw_now_ns();
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_mutex_init(&s->slot_lock, NULL);
+	pthread_mutex_init(&s->instant_lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->changed, NULL);
 	pthread_cond_init(&s->finished, &ca);
 	pthread_condattr_destroy(&ca);
+	if (session) {
+		/* No snapshot runs yet: nothing to save, nothing to wait for. */
+		s->cancel = s->done = s->need_base = true;
+		if (getrandom(&s->session_id, sizeof(s->session_id), 0) !=
+		    sizeof(s->session_id))
+			s->session_id = uw_now_ns() ^ ((uint64_t)getpid() << 32);
+	}
 
 	err = uw_regions_init(&s->rs, regions, nr);
 	if (err)
@@ -752,8 +908,6 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 		goto fail;
 	s->uffd = err;
 	err = alloc_buffers(s, opts->side_cap ? opts->side_cap : DEFAULT_CAP);
-	if (!err)
-		err = setup_spill(s);
 	if (err)
 		goto fail;
 	/* On failure uw_register_wp() undoes what it did. */
@@ -761,22 +915,55 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	if (err)
 		goto fail;
 	s->registered = true;
-	if (!s->st.used_unpopulated) {
-		err = uw_populate_read(&s->rs);
-		if (err)
-			goto fail;
-	}
-	find_huge_blocks(s);
 	s->stop_fd = eventfd(0, EFD_CLOEXEC);
 	if (s->stop_fd < 0) {
 		err = -errno;
 		goto fail;
 	}
-	err = start_thread(&s->handler, handler_main, s);
+	err = uw_snap_start_thread(&s->handler, handler_main, s);
 	if (err)
 		goto fail;
 	s->handler_started = true;
-	err = start_thread(&s->copier, copier_main, s);
+	*out = s;
+	return 0;
+
+fail:
+	pthread_mutex_lock(&s->lock);
+	s->cancel = true;
+	s->go = true;
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	uw_snap_destroy(s);
+	return err;
+}
+
+int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
+			  const struct uffdwp_region *regions, size_t nr,
+			  const struct uffdwp_snapshot_opts *opts)
+{
+	struct uffdwp_snapshot *s;
+	uint64_t t0;
+	int err;
+
+	if (!out || !opts ||
+	    uw_snap_check_flags(opts->flags, opts->__reserved,
+			sizeof(opts->__reserved) / 8) ||
+	    (opts->sink_fd >= 0) == (opts->sink != NULL) ||
+	    /* a zero-filled struct must not stream memory to stdin */
+	    opts->sink_fd == 0)
+		return -EINVAL;
+	*out = NULL;
+	err = uw_snap_create(&s, regions, nr, opts, false);
+	if (err)
+		return err;
+	err = uw_snap_setup_spill(s);
+	if (!err && !s->st.used_unpopulated)
+		err = uw_populate_read(&s->rs);
+	if (err)
+		goto fail;
+	uw_snap_find_huge(s);
+	s->st.huge_blocks = s->nhuge;
+	err = uw_snap_start_thread(&s->copier, uw_snap_copier_main, s);
 	if (err)
 		goto fail;
 	s->copier_started = true;
@@ -805,7 +992,7 @@ fail:
 	s->go = true;
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
-	destroy(s);
+	uw_snap_destroy(s);
 	return err;
 }
 
@@ -849,10 +1036,11 @@ int uffdwp_snapshot_cancel(struct uffdwp_snapshot *s)
 		return -EALREADY;
 	}
 	__atomic_store_n(&s->cancel, true, __ATOMIC_RELEASE);
+	s->need_base = true;
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	/* Writers go at once; the copier stops before its next chunk. */
-	unprotect_all(s);
+	uw_snap_unprotect_all(s);
 	uffdwp_snapshot_wait(s, -1);
 	return 0;
 }
@@ -877,5 +1065,5 @@ void uffdwp_snapshot_free(struct uffdwp_snapshot *s)
 	if (!s)
 		return;
 	uffdwp_snapshot_cancel(s);
-	destroy(s);
+	uw_snap_destroy(s);
 }

@@ -3,6 +3,7 @@
 #                               build/results/LANE.{tap,console}
 # lane.sh run LANE PROG [ARGS]  boot LANE with PROG (a static binary) as the
 #                               only test; exit with PROG's status
+#                               (RUN_EXTRA: more static binaries for /bin)
 # lane.sh demo LANE [ARGS]      boot LANE and run `uffdwp demo ARGS`, console on screen
 . "$(dirname "$0")/lib.sh"
 mode=$1 lane=$2
@@ -88,7 +89,8 @@ run | demo)
 	mkdir -p "$tmp/guest/bin"
 	cp "$guest/init" "$tmp/guest/init"
 	initrd=$tmp/run.cpio
-	"$TOP/scripts/initramfs.sh" "$tmp/guest" "$tmp/plan" "$initrd" "$prog"
+	# shellcheck disable=SC2086 # RUN_EXTRA is a list of paths
+	"$TOP/scripts/initramfs.sh" "$tmp/guest" "$tmp/plan" "$initrd" "$prog" ${RUN_EXTRA:-}
 	console=$results/$lane-$mode-$name.console
 	"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" \
 		"$((${RUN_TIMEOUT_S:-600} + ${BOOT_MARGIN_S:-120}))" 1

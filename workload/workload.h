@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -554,6 +555,129 @@ static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 			res->total_ms / 1000, (unsigned long long)wl->nrec);
 	res->verified = wl_verify_file(wl, path, lo, hi, res);
 	return 0;
+}
+
+/* One session snapshot into FD: RES gets the pause, the total, the
+ * writers' latency meanwhile and the library's stats; *PAGES the pages it
+ * stores; LO and HI the writers' progress around the instant. */
+static inline int wl_session_snap(struct wl *wl, struct uffdwp_session *ss,
+				  int fd, struct wl_result *res,
+				  uint64_t *pages, uint64_t *lo, uint64_t *hi)
+{
+	struct uffdwp_snapshot_stats st;
+	uint64_t t0;
+	int err;
+
+	memset(res, 0, sizeof(*res));
+	wl_measure(wl, true);
+	wl_seqs(wl, lo);
+	t0 = wl_now_ns();
+	err = uffdwp_session_snapshot(ss, fd, 0);
+	wl_seqs(wl, hi);
+	if (!err)
+		err = uffdwp_session_wait(ss, -1);
+	res->total_ms = (wl_now_ns() - t0) / 1e6;
+	res->write_ms = res->total_ms;
+	wl_measure(wl, false);
+	if (err)
+		return err;
+	uffdwp_session_stats(ss, &st);
+	res->pause_us = st.pause_ns / 1000.0;
+	res->extra_mib = (double)(st.side_peak + st.spill_peak +
+				  st.fixed_bytes) / (1 << 20);
+	res->faults = st.faults;
+	res->saved = st.saved;
+	res->spilled = st.spilled;
+	res->huge_blocks = st.huge_blocks;
+	res->huge_saves = st.huge_saves;
+	res->fault_max_us = st.fault_max_ns / 1000.0;
+	*pages = st.pages;
+	wl_latency(wl, res);
+	return 0;
+}
+
+/* Apply the snapshot file FD (from offset 0) to IMAGE, after PREV. */
+static inline int wl_load(int fd, void *image, size_t len,
+			  const struct uffdwp_snapshot_info *prev,
+			  struct uffdwp_snapshot_info *info)
+{
+	struct uffdwp_region dst = { image, len };
+
+	if (lseek(fd, 0, SEEK_SET) < 0)
+		return -errno;
+	return uffdwp_snapshot_load(fd, &dst, 1, prev, info);
+}
+
+/*
+ * A libuffdwp session on the running workload: a base into BASE_PATH
+ * (writers running), then the writers stop and a first delta takes what
+ * they wrote while the base was copied (into a memfd); then they run again
+ * until they have dirtied PERMILLE/1000 of the pages, stop, and the
+ * measured delta goes into DELTA_PATH.  The files are loaded back into a
+ * copy of the arena and checked against their instants (BASE->verified,
+ * DELTA->verified).  *DELTA_PAGES: the pages the measured delta stores.
+ */
+static inline int wl_snap_session(struct wl *wl, const char *base_path,
+				  const char *delta_path, unsigned int permille,
+				  struct wl_result *base, struct wl_result *delta,
+				  uint64_t *delta_pages)
+{
+	uint64_t lo[wl->nw], hi[wl->nw], pages0 = 0;
+	struct uffdwp_region r = { wl->arena, wl->len };
+	struct uffdwp_snapshot_info ib, is, id;
+	struct uffdwp_session *ss = NULL;
+	struct wl_result settle;
+	size_t pages = wl->len / (size_t)sysconf(_SC_PAGESIZE);
+	ssize_t want = (ssize_t)(pages * permille / 1000);
+	int fd[3], err;
+	void *image;
+
+	memset(base, 0, sizeof(*base));
+	memset(delta, 0, sizeof(*delta));
+	fd[0] = open(base_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	fd[1] = memfd_create("wl-settle", MFD_CLOEXEC);
+	fd[2] = open(delta_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	image = mmap(NULL, wl->len, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	err = fd[0] < 0 || fd[1] < 0 || fd[2] < 0 ? -errno :
+	      image == MAP_FAILED ? -ENOMEM : 0;
+	if (!err)
+		err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = wl_session_snap(wl, ss, fd[0], base, &pages0, lo, hi);
+	if (!err)
+		err = wl_load(fd[0], image, wl->len, NULL, &ib);
+	if (!err)
+		base->verified = wl_verify(wl, image, lo, hi, base);
+	wl_stop(wl);
+	if (!err)
+		err = wl_session_snap(wl, ss, fd[1], &settle, &pages0, lo, hi);
+	if (!err)
+		err = wl_load(fd[1], image, wl->len, &ib, &is);
+	/* Dirty the wanted share (at most a minute).  No sleep: a timer
+	 * tick under TCG lets the writers run far past it. */
+	if (!err)
+		err = wl_start(wl);
+	for (uint64_t t = wl_now_ns(); !err && uffdwp_session_dirty(ss) < want &&
+	     wl_now_ns() - t < 60000000000ull;)
+		sched_yield();
+	wl_stop(wl);
+	if (!err)
+		err = wl_session_snap(wl, ss, fd[2], delta, delta_pages, lo, hi);
+	if (!err)
+		err = wl_load(fd[2], image, wl->len, &is, &id);
+	if (!err)
+		delta->verified = wl_verify(wl, image, lo, hi, delta);
+	uffdwp_session_free(ss);
+	if (image != MAP_FAILED)
+		munmap(image, wl->len);
+	for (int i = 0; i < 3; i++)
+		if (fd[i] >= 0)
+			close(fd[i]);
+	if (err)
+		snprintf(delta->why, sizeof(delta->why), "session failed: %s",
+			 strerror(-err));
+	return err;
 }
 
 #endif

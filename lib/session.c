@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
+/*
+ * session.c: a series of snapshots of the same regions, a base and then
+ * deltas.  The engine is snapshot.c's (its head comment says what a
+ * session changes in the handler and the copier).
+ *
+ * An instant: join the previous copier, map the huge blocks again, then,
+ * holding the handler's instant lock (so no fault or discard is handled
+ * meanwhile), turn the dirty bitmap into the snapshot's page
+ * set (every page for a base), make those pages PENDING and protect them
+ * again, and let the handler go.  Every other page has stayed protected
+ * since the previous instant and is unchanged since: the earlier files
+ * hold it.  The pause costs a pass over the bitmap (one bit per page) and
+ * a protect per run of written pages; nothing in it walks the page tables
+ * of pages that were not written.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "snapshot.h"
+
+static struct uffdwp_snapshot *of(struct uffdwp_session *ss)
+{
+	return (struct uffdwp_snapshot *)ss;
+}
+
+int uffdwp_session_new(struct uffdwp_session **out,
+		       const struct uffdwp_region *regions, size_t nr,
+		       const struct uffdwp_session_opts *opts)
+{
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1 };
+	struct uffdwp_snapshot *s;
+	int err;
+
+	if (!out || (opts && uw_snap_check_flags(opts->flags, opts->__reserved,
+						 sizeof(opts->__reserved) / 8)))
+		return -EINVAL;
+	*out = NULL;
+	if (opts) {
+		o.side_cap = opts->side_cap;
+		o.flags = opts->flags;
+	}
+	err = uw_snap_create(&s, regions, nr, &o, true);
+	if (!err)
+		*out = (struct uffdwp_session *)s;
+	return err;
+}
+
+/* Keep the handler from reading messages (faults and discards queue in
+ * the kernel) until release_handler(). */
+static void hold_handler(struct uffdwp_snapshot *s)
+{
+	pthread_mutex_lock(&s->instant_lock);
+}
+
+static void release_handler(struct uffdwp_snapshot *s)
+{
+	pthread_mutex_unlock(&s->instant_lock);
+}
+
+static bool set_bit(struct uffdwp_snapshot *s, size_t i)
+{
+	return atomic_load_explicit(&s->set[i / 64], memory_order_relaxed) >>
+	       (i % 64) & 1;
+}
+
+/* FN on each run of pages of the set (runs end at region ends). */
+static int for_each_run(struct uffdwp_snapshot *s,
+			int (*fn)(struct uffdwp_snapshot *s, uintptr_t addr,
+				  size_t len))
+{
+	size_t psz = uw_page_size();
+
+	for (size_t r = 0; r < s->rs.nr; r++) {
+		size_t first = s->rs.first[r], n = s->rs.r[r].len / psz;
+
+		for (size_t i = 0; i < n;) {
+			size_t b = first + i, j = i;
+			uint64_t w = atomic_load_explicit(&s->set[b / 64],
+							  memory_order_relaxed) >>
+				     (b % 64);
+			int err;
+
+			if (!w) {
+				i += 64 - b % 64;
+				continue;
+			}
+			if (!(w & 1)) {
+				i += (size_t)__builtin_ctzll(w);
+				continue;
+			}
+			while (j < n && set_bit(s, first + j))
+				j++;
+			err = fn(s, (uintptr_t)s->rs.r[r].addr + i * psz,
+				 (j - i) * psz);
+			if (err)
+				return err;
+			i = j;
+		}
+	}
+	return 0;
+}
+
+static int protect_run(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
+{
+	return uw_protect(s->uffd, addr, len, true, false);
+}
+
+static int populate_run(struct uffdwp_snapshot *s, uintptr_t addr,
+			size_t len)
+{
+	(void)s;
+	return uw_populate_range(addr, len);
+}
+
+/* The snapshot's page set (every page for a BASE) from the dirty bitmap,
+ * its ranks, and its pages made PENDING.  Returns the number of pages. */
+static uint64_t take_set(struct uffdwp_snapshot *s, bool base)
+{
+	uint64_t pages = 0;
+
+	for (size_t w = 0; w < s->words; w++) {
+		uint64_t v = atomic_exchange_explicit(&s->dirty[w], 0,
+						      memory_order_relaxed);
+
+		if (base)
+			v = w + 1 < s->words || !(s->rs.pages % 64) ? ~0ULL :
+			    (1ULL << (s->rs.pages % 64)) - 1;
+		atomic_store_explicit(&s->set[w], v, memory_order_relaxed);
+		s->rank[w] = pages;
+		pages += (uint64_t)__builtin_popcountll(v);
+		/* The other pages are DONE since the previous snapshot. */
+		while (v) {
+			size_t i = w * 64 + (size_t)__builtin_ctzll(v);
+
+			atomic_store_explicit(&s->state[i], ST_PENDING,
+					      memory_order_relaxed);
+			v &= v - 1;
+		}
+	}
+	return pages;
+}
+
+/* Every side buffer slot free again (a failed snapshot may leave some
+ * taken), and the peak measured from here. */
+static void reset_slots(struct uffdwp_snapshot *s)
+{
+	pthread_mutex_lock(&s->slot_lock);
+	if (s->nfree != s->nslots)
+		for (size_t i = 0; i < s->nslots; i++)
+			s->free_slot[i] = (uint32_t)(s->nslots - 1 - i);
+	s->nfree = s->nfree_min = s->nslots;
+	pthread_mutex_unlock(&s->slot_lock);
+}
+
+/* Start this snapshot's counters; the handler is held. */
+static void reset_stats(struct uffdwp_snapshot *s, uint64_t pages, bool base,
+			uint64_t t_start)
+{
+	struct uffdwp_snapshot_stats keep = s->st;
+
+	pthread_mutex_lock(&s->lock);
+	memset(&s->st, 0, sizeof(s->st));
+	s->st.side_cap = keep.side_cap;
+	s->st.fixed_bytes = keep.fixed_bytes;
+	s->st.used_unpopulated = keep.used_unpopulated;
+	s->st.user_mode_only = keep.user_mode_only;
+	s->st.pages = pages;
+	s->st.epoch = s->taken;
+	s->st.huge_blocks = s->nhuge;
+	s->kind = base ? UFFDWP_FILE_BASE : UFFDWP_FILE_DELTA;
+	s->done = s->cancel = s->go = false;
+	s->error = s->handler_error = 0;
+	s->t_start = t_start;
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* The instant failed before anything was saved: nothing is tracked any
+ * more, so let every writer go and make the next snapshot a base. */
+static int fail_instant(struct uffdwp_snapshot *s, int err)
+{
+	pthread_mutex_lock(&s->lock);
+	s->cancel = s->need_base = true;
+	pthread_mutex_unlock(&s->lock);
+	uw_snap_unprotect_all(s);
+	uw_snap_finish(s, err);
+	return err;
+}
+
+int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
+			    unsigned int flags)
+{
+	struct uffdwp_snapshot *s = of(ss);
+	uint64_t t_start = uw_now_ns(), t0, pages;
+	bool base, busy;
+	int err;
+
+	if (!ss || fd < 0 || (flags & ~UFFDWP_SESSION_BASE))
+		return -EINVAL;
+	pthread_mutex_lock(&s->lock);
+	busy = !s->done;
+	pthread_mutex_unlock(&s->lock);
+	if (busy)
+		return -EBUSY;
+	if (s->copier_started) {
+		pthread_join(s->copier, NULL);
+		s->copier_started = false;
+	}
+	s->opts.sink_fd = fd;
+	err = uw_snap_setup_spill(s);
+	if (err)
+		return err;
+	uw_snap_find_huge(s);
+
+	hold_handler(s);
+	t0 = uw_now_ns();
+	base = s->need_base || (flags & UFFDWP_SESSION_BASE);
+	pages = take_set(s, base);
+	reset_slots(s);
+	reset_stats(s, pages, base, t_start);
+	err = 0;
+	if (!s->st.used_unpopulated)
+		err = for_each_run(s, populate_run);
+	if (!err)
+		err = for_each_run(s, protect_run);
+	if (!err) {
+		s->need_base = false;
+		s->taken++;
+	}
+	release_handler(s);
+	pthread_mutex_lock(&s->lock);
+	s->st.pause_ns = uw_now_ns() - t0;
+	pthread_mutex_unlock(&s->lock);
+	if (err)
+		return fail_instant(s, err);
+	err = uw_snap_start_thread(&s->copier, uw_snap_copier_main, s);
+	if (err)
+		return fail_instant(s, err);
+	s->copier_started = true;
+	pthread_mutex_lock(&s->lock);
+	s->go = true;
+	s->st.start_ns = uw_now_ns() - t_start;
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int uffdwp_session_wait(struct uffdwp_session *ss, int timeout_ms)
+{
+	if (!ss)
+		return -EINVAL;
+	if (!of(ss)->taken)
+		return -ENOENT;
+	return uffdwp_snapshot_wait(of(ss), timeout_ms);
+}
+
+int uffdwp_session_stats(struct uffdwp_session *ss,
+			 struct uffdwp_snapshot_stats *st)
+{
+	if (!ss || !st)
+		return -EINVAL;
+	if (!of(ss)->taken)
+		return -ENOENT;
+	return uffdwp_snapshot_stats(of(ss), st);
+}
+
+ssize_t uffdwp_session_dirty(struct uffdwp_session *ss)
+{
+	struct uffdwp_snapshot *s = of(ss);
+	ssize_t n = 0;
+
+	if (!ss)
+		return -EINVAL;
+	for (size_t w = 0; w < s->words; w++)
+		n += __builtin_popcountll(atomic_load_explicit(
+			&s->dirty[w], memory_order_relaxed));
+	return n;
+}
+
+void uffdwp_session_free(struct uffdwp_session *ss)
+{
+	if (!ss)
+		return;
+	uffdwp_snapshot_cancel(of(ss));
+	uw_snap_destroy(of(ss));
+}

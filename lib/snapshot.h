@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later OR MIT */
+/*
+ * snapshot.h: the snapshot engine (snapshot.c) as the session API
+ * (session.c) uses it.  Not exported.
+ */
+#ifndef UFFDWP_SNAPSHOT_H
+#define UFFDWP_SNAPSHOT_H
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include "internal.h"
+
+#define ST_PENDING	0u
+#define ST_COPYING	1u
+#define ST_CLAIMED	2u
+#define ST_SPILLED	3u
+#define ST_DONE		4u
+#define ST_SAVED	5u	/* + slot */
+
+#define CHUNK		UW_HPAGE_SIZE
+#define DEFAULT_CAP	(16UL << 20)
+#define SNAP_FLAGS	(UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_NO_UNPOPULATED | \
+			 UFFDWP_SNAP_USER_MODE_ONLY)
+
+struct uffdwp_snapshot {
+	size_t self_len;
+	struct uw_regions rs;
+	struct uffdwp_snapshot_opts opts;
+	int uffd, stop_fd;
+	pthread_t handler, copier;
+	bool handler_started, copier_started, registered;
+
+	pthread_mutex_t lock;		/* done, error, the stats */
+	pthread_cond_t changed;		/* go or cancel changed */
+	pthread_cond_t finished;	/* done became true */
+	bool go;			/* protect phase over */
+	bool cancel;
+	bool done;
+	int error;
+	int handler_error;		/* the handler could not save a page,
+					 * or one not copied was discarded */
+
+	_Atomic uint32_t *state;
+	size_t state_len;
+	_Atomic uint64_t *huge;		/* page bits: in a PMD-mapped block */
+	size_t huge_len;
+	char *side;
+	pthread_mutex_t slot_lock;	/* free_slot, nfree: held for a push
+					 * or a pop, never across a copy */
+	uint32_t *free_slot;		/* stack of free slot numbers */
+	size_t nslots, nfree, slots_len;
+	size_t nfree_min;		/* low-water mark of nfree */
+	char *chunk;
+
+	/* Spill: pages go to SPILL_FD at SPILL_BASE + page index * page
+	 * size.  SINK_POSITIONAL: that is the sink file itself, written by
+	 * the copier with pwrite(2) at the same offsets. */
+	int spill_fd, memfd;
+	bool sink_positional;
+	off_t spill_base;
+	uint64_t spill_bytes;		/* memfd: held now */
+
+	/*
+	 * Sessions: SET holds this snapshot's pages (NULL for a one-off
+	 * snapshot: every page), RANK the number of SET's pages before each
+	 * of its words, DIRTY the pages unprotected since the last instant.
+	 * INSTANT_LOCK: held by an instant, and by the handler to read a
+	 * batch of messages and handle its discards, and for each fault.  The sink gets PREFIX (DATA_OFF bytes:
+	 * the file header) before the pages.
+	 */
+	bool session, need_base;
+	pthread_mutex_t instant_lock;
+	size_t nhuge;			/* blocks find_huge_blocks() marked */
+	_Atomic uint64_t *set, *dirty;
+	uint64_t *rank;
+	size_t words, bitmap_len;
+	uint64_t session_id, taken;
+	uint32_t kind;
+	char *prefix;
+	off_t data_off;
+
+	struct uffdwp_snapshot_stats st;
+	uint64_t t_start;
+};
+
+
+/* The object, its userfaultfd (sync WP, EVENT_REMOVE), buffers,
+ * registration and fault handler thread: shared by both APIs. */
+int uw_snap_create(struct uffdwp_snapshot **out,
+		   const struct uffdwp_region *regions, size_t nr,
+		   const struct uffdwp_snapshot_opts *opts, bool session);
+void uw_snap_destroy(struct uffdwp_snapshot *s);
+/* -EINVAL for unknown or contradictory flags or a non-zero reserved word. */
+int uw_snap_check_flags(unsigned int flags, const uint64_t *reserved,
+			size_t nreserved);
+/* Pick where spilled pages go for the sink in s->opts. */
+int uw_snap_setup_spill(struct uffdwp_snapshot *s);
+/* Mark the PMD-mapped 2 MiB blocks (s->nhuge counts them). */
+void uw_snap_find_huge(struct uffdwp_snapshot *s);
+int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg);
+void *uw_snap_copier_main(void *arg);
+int uw_snap_unprotect_all(struct uffdwp_snapshot *s);
+/* Stop saving with ERR (the first wins) and let every writer go. */
+void uw_snap_abort(struct uffdwp_snapshot *s, int err);
+/* Mark the snapshot done with ERR and wake its waiters. */
+void uw_snap_finish(struct uffdwp_snapshot *s, int err);
+
+#endif

@@ -1,0 +1,820 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * lib-session: libuffdwp snapshot sessions and snapshot files.
+ *  - a base, then deltas: each delta stores exactly the pages written since
+ *    the previous instant (uffdwp_session_dirty() says how many first), and
+ *    base + deltas load back byte for byte, into other memory or at the
+ *    recorded addresses; a delta of nothing written stores no page;
+ *  - with writers running, base + delta is the memory at the delta's
+ *    instant (workload/workload.h's record check);
+ *  - a write during a delta's copy leaves the old contents in that delta
+ *    and the new ones in the next, for a page of the delta (saved, or
+ *    spilled into a pipe sink's memfd) and for a clean page alike;
+ *  - a page discarded (MADV_DONTNEED) between snapshots is in the next
+ *    delta, and so is a write to it after that delta's instant; one
+ *    discarded before the copier reached it fails the snapshot with
+ *    -EAGAIN, and the next snapshot is a base;
+ *  - a read(2) into a clean page (a kernel-mode write) is in the next delta;
+ *  - `uffdwp restore` rebuilds the image from the files;
+ *  - bad input: -EINVAL, -EBUSY, -ENOENT; bad files: -EBADMSG,
+ *    -EPROTONOSUPPORT, -ESTALE, -EINVAL, -EFAULT, -ESPIPE.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tap.h"
+#include "uffdwp.h"
+#include "workload.h"
+
+/* libuffdwp's test seam (lib/internal.h): called by the copier before each
+ * chunk it copies. */
+extern void (*uw_snap_before_chunk)(void);
+
+static long psz;
+static struct uffdwp_features f;
+
+static char *map(size_t len)
+{
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	madvise(p, len, MADV_NOHUGEPAGE);
+	return p;
+}
+
+static void fill(char *p, size_t len, unsigned int seed)
+{
+	for (size_t i = 0; i < len; i += 8)
+		*(uint64_t *)(p + i) = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+}
+
+static bool skip_no_wp(const char *name)
+{
+	if (f.wp)
+		return false;
+	tap_skip(name, "kernel has no sync write-protect for anonymous memory");
+	return true;
+}
+
+static int new_file(void)
+{
+	return memfd_create("snap", MFD_CLOEXEC);
+}
+
+/* One snapshot of SS into FD, waited for.  Its stats in *ST. */
+static int snap(struct uffdwp_session *ss, int fd, unsigned int flags,
+		struct uffdwp_snapshot_stats *st)
+{
+	int err = uffdwp_session_snapshot(ss, fd, flags);
+
+	if (!err)
+		err = uffdwp_session_wait(ss, 120000);
+	if (!err && st)
+		err = uffdwp_session_stats(ss, st);
+	return err;
+}
+
+/* Load the NFILES files (each read from offset 0) into DST in order. */
+static int load_chain(const int *fds, int nfiles,
+		      const struct uffdwp_region *dst, size_t nr,
+		      struct uffdwp_snapshot_info *last)
+{
+	struct uffdwp_snapshot_info prev, info;
+	int err = 0;
+
+	for (int i = 0; i < nfiles && !err; i++) {
+		if (lseek(fds[i], 0, SEEK_SET) < 0)
+			return -errno;
+		err = uffdwp_snapshot_load(fds[i], dst, nr, i ? &prev : NULL,
+					   &info);
+		prev = info;
+	}
+	if (!err && last)
+		*last = info;
+	return err;
+}
+
+/* ---- base and deltas, no concurrent writers ---- */
+
+static void t_base_delta(void)
+{
+	const char *name = "session-base-delta";
+	size_t la = 64 * psz, lb = 16 * psz, total = la + lb;
+	char *a = map(la), *b = map(lb), *expect = malloc(total);
+	char *img_a = map(la), *img_b = map(lb);
+	/* Given backwards: the file keeps address order. */
+	struct uffdwp_region r[2] = { { b, lb }, { a, la } };
+	struct uffdwp_region sorted[2], img[2];
+	struct uffdwp_snapshot_stats s0 = { 0 }, s1 = { 0 }, s2 = { 0 };
+	struct uffdwp_snapshot_info i0 = { 0 }, i1 = { 0 }, i2 = { 0 }, last;
+	struct uffdwp_session *ss = NULL;
+	const size_t wrote[] = { 0, 7, 8, 40, 63 };	/* pages of A */
+	ssize_t dirty0 = -1, dirty1 = -1;
+	int fds[3] = { new_file(), new_file(), new_file() };
+	off_t pos1 = -1;
+	bool img_ok = false, back_ok = false, len_ok, order_ok;
+	int err, e_img = -1, e_back = -1;
+
+	if (skip_no_wp(name))
+		return;
+	order_ok = (uintptr_t)a < (uintptr_t)b;
+	sorted[0] = order_ok ? r[1] : r[0];
+	sorted[1] = order_ok ? r[0] : r[1];
+	img[0] = (struct uffdwp_region){ order_ok ? img_a : img_b, sorted[0].len };
+	img[1] = (struct uffdwp_region){ order_ok ? img_b : img_a, sorted[1].len };
+	fill(a, la, 1);
+	fill(b, lb, 2);
+	err = uffdwp_session_new(&ss, r, 2, NULL);
+	if (!err)
+		dirty0 = uffdwp_session_dirty(ss);
+	if (!err)
+		err = snap(ss, fds[0], 0, &s0);
+	for (size_t i = 0; !err && i < sizeof(wrote) / sizeof(wrote[0]); i++)
+		a[wrote[i] * psz + 100] ^= 0x5A;
+	b[3 * psz] ^= 0x33;	/* and one page of B */
+	if (!err)
+		dirty1 = uffdwp_session_dirty(ss);
+	memcpy(expect, sorted[0].addr, sorted[0].len);
+	memcpy(expect + sorted[0].len, sorted[1].addr, sorted[1].len);
+	if (!err)
+		err = snap(ss, fds[1], 0, &s1);
+	/* Nothing written: an empty delta. */
+	if (!err)
+		err = snap(ss, fds[2], 0, &s2);
+	/* The writer leaves the offset at the end; the header is read
+	 * where the offset is: rewind. */
+	pos1 = lseek(fds[1], 0, SEEK_CUR);
+	for (int i = 0; i < 3; i++)
+		lseek(fds[i], 0, SEEK_SET);
+	len_ok = !err &&
+		 uffdwp_snapshot_read_info(fds[0], &i0, NULL, 0) == 2 &&
+		 uffdwp_snapshot_read_info(fds[1], &i1, NULL, 0) == 2 &&
+		 uffdwp_snapshot_read_info(fds[2], &i2, NULL, 0) == 2 &&
+		 pos1 == (off_t)i1.file_len &&
+		 lseek(fds[1], 0, SEEK_END) == (off_t)i1.file_len &&
+		 i1.file_len == i2.file_len + 6 * (uint64_t)psz;
+	if (!err) {
+		e_img = load_chain(fds, 3, img, 2, &last);
+		img_ok = !e_img && !memcmp(img[0].addr, expect, img[0].len) &&
+			 !memcmp(img[1].addr, expect + img[0].len, img[1].len) &&
+			 last.epoch == 2;
+	}
+	/* Scribble, then load at the recorded addresses (the regions are
+	 * still in the session: the loader's writes go through it). */
+	if (!err) {
+		fill(a, la, 9);
+		fill(b, lb, 9);
+		e_back = load_chain(fds, 3, NULL, 0, NULL);
+		back_ok = !e_back && !memcmp(sorted[0].addr, expect, sorted[0].len) &&
+			  !memcmp(sorted[1].addr, expect + sorted[0].len,
+				  sorted[1].len);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && dirty0 == 0 && dirty1 == 6 &&
+		  s0.pages == total / psz && s0.epoch == 0 &&
+		  s1.pages == 6 && s1.epoch == 1 && s1.pages_copied == 6 &&
+		  s2.pages == 0 && s2.epoch == 2 &&
+		  i0.kind == UFFDWP_FILE_BASE && i1.kind == UFFDWP_FILE_DELTA &&
+		  i0.session == i1.session && i0.pages == total / psz &&
+		  i1.pages == 6 && len_ok && img_ok && back_ok, name,
+		  "err %d, dirty %zd then %zd (want 0, 6), pages %llu/%llu/%llu epochs %llu/%llu/%llu, kinds %u/%u, sessions %s, lengths %s, image %s (%d), in place %s (%d)",
+		  err, dirty0, dirty1, (unsigned long long)s0.pages,
+		  (unsigned long long)s1.pages, (unsigned long long)s2.pages,
+		  (unsigned long long)s0.epoch, (unsigned long long)s1.epoch,
+		  (unsigned long long)s2.epoch, i0.kind, i1.kind,
+		  i0.session == i1.session ? "same" : "differ",
+		  len_ok ? "right" : "wrong", img_ok ? "same" : "differs", e_img,
+		  back_ok ? "same" : "differs", e_back);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	munmap(a, la);
+	munmap(b, lb);
+	munmap(img_a, la);
+	munmap(img_b, lb);
+	free(expect);
+}
+
+/* ---- with writers: base + delta is the memory at the delta's instant ---- */
+
+static void t_concurrent(void)
+{
+	const char *name = "session-concurrent";
+	struct uffdwp_snapshot_stats s1 = { 0 };
+	struct uffdwp_session *ss = NULL;
+	struct wl_result res = { 0 };
+	struct uffdwp_region r, img;
+	int fds[2] = { new_file(), new_file() };
+	uint64_t lo[2], hi[2];
+	bool ok = false;
+	struct wl wl;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	err = wl_init(&wl, 8UL << 20, 2, false);
+	if (!err)
+		err = wl_start(&wl);
+	r = (struct uffdwp_region){ wl.arena, wl.len };
+	img = (struct uffdwp_region){ map(wl.len), wl.len };
+	if (!err)
+		err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap(ss, fds[0], 0, NULL);
+	usleep(50000);
+	wl_seqs(&wl, lo);
+	if (!err)
+		err = uffdwp_session_snapshot(ss, fds[1], 0);
+	wl_seqs(&wl, hi);
+	if (!err)
+		err = uffdwp_session_wait(ss, 120000);
+	if (!err)
+		err = uffdwp_session_stats(ss, &s1);
+	wl_stop(&wl);
+	if (!err)
+		err = load_chain(fds, 2, &img, 1, NULL);
+	if (!err)
+		ok = wl_verify(&wl, (const struct wl_rec *)img.addr, lo, hi, &res);
+	uffdwp_session_free(ss);
+	tap_check(!err && ok && s1.pages > 0, name,
+		  "err %d, %s, delta of %llu of %zu pages (%llu faults)", err,
+		  ok ? "verified" : res.why, (unsigned long long)s1.pages,
+		  wl.len / psz, (unsigned long long)s1.faults);
+	munmap(img.addr, img.len);
+	wl_destroy(&wl);
+	close(fds[0]);
+	close(fds[1]);
+}
+
+/* ---- writes while a delta is being copied ---- */
+
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static bool gate_closed;
+
+static void gate_wait(void)
+{
+	pthread_mutex_lock(&gate_lock);
+	while (gate_closed)
+		pthread_cond_wait(&gate_cond, &gate_lock);
+	pthread_mutex_unlock(&gate_lock);
+}
+
+static void gate_hold(void)
+{
+	gate_closed = true;
+	uw_snap_before_chunk = gate_wait;
+}
+
+static void gate_open(void)
+{
+	pthread_mutex_lock(&gate_lock);
+	gate_closed = false;
+	pthread_cond_broadcast(&gate_cond);
+	pthread_mutex_unlock(&gate_lock);
+	uw_snap_before_chunk = NULL;
+}
+
+/* Copies a pipe into a memfd until end of file. */
+struct drain {
+	pthread_t th;
+	int in, out;
+};
+
+static void *drain_main(void *arg)
+{
+	struct drain *d = arg;
+	char buf[16384];
+	ssize_t n;
+
+	while ((n = read(d->in, buf, sizeof(buf))) > 0)
+		if (write(d->out, buf, (size_t)n) != n)
+			break;
+	return NULL;
+}
+
+/*
+ * session-writes-during-delta{,-pipe}: the delta's copier is held before
+ * its first chunk; the test writes three pages of the delta and one clean
+ * page, then lets it go.  The delta must hold the three as they were at
+ * its instant, and the next delta exactly the four new ones.  The pipe
+ * variant (one-page cap) spills two of the three into the memfd.
+ */
+static void t_writes_during(bool pipe_sink)
+{
+	const char *name = pipe_sink ? "session-writes-during-delta-pipe" :
+				       "session-writes-during-delta";
+	size_t len = 32 * psz;
+	char *p = map(len), *at1 = malloc(len), *img = map(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_session_opts o = { .side_cap = pipe_sink ? 1 : 0 };
+	struct uffdwp_snapshot_stats s1 = { 0 }, s2 = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fds[3] = { new_file(), new_file(), new_file() };
+	struct drain d = { .in = -1 };
+	int pfd[2] = { -1, -1 }, err, e_img = -1;
+	bool at1_ok = false, now_ok = false;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 3);
+	err = uffdwp_session_new(&ss, &r, 1, &o);
+	if (!err)
+		err = snap(ss, fds[0], 0, NULL);
+	for (int i = 4; i < 7; i++)		/* pages 4-6 go into delta 1 */
+		p[i * psz] ^= 1;
+	memcpy(at1, p, len);
+	if (!err && pipe_sink) {
+		err = pipe2(pfd, O_CLOEXEC) ? -errno : 0;
+		d.in = pfd[0];
+		d.out = fds[1];
+		if (!err)
+			pthread_create(&d.th, NULL, drain_main, &d);
+	}
+	gate_hold();
+	if (!err)
+		err = uffdwp_session_snapshot(ss, pipe_sink ? pfd[1] : fds[1], 0);
+	if (!err) {
+		for (int i = 4; i < 7; i++)	/* saved or spilled first */
+			p[i * psz] ^= 2;
+		p[20 * psz] ^= 2;		/* clean: only noted */
+	}
+	gate_open();
+	if (!err)
+		err = uffdwp_session_wait(ss, 120000);
+	if (!err)
+		err = uffdwp_session_stats(ss, &s1);
+	if (pipe_sink) {
+		close(pfd[1]);
+		if (d.in >= 0)
+			pthread_join(d.th, NULL);
+		close(pfd[0]);
+	}
+	if (!err)
+		err = snap(ss, fds[2], 0, &s2);
+	if (!err) {
+		e_img = load_chain(fds, 2, &dst, 1, NULL);
+		at1_ok = !e_img && !memcmp(img, at1, len);
+		e_img = e_img ? e_img : load_chain(fds, 3, &dst, 1, NULL);
+		now_ok = !e_img && !memcmp(img, p, len);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && at1_ok && now_ok && s1.pages == 3 &&
+		  s1.saved + s1.spilled == 3 && (!pipe_sink || s1.spilled == 2) &&
+		  s2.pages == 4, name,
+		  "err %d, load %d, at delta 1 %s, now %s, delta 1 %llu pages (%llu saved, %llu spilled), delta 2 %llu pages (want 3, 4)",
+		  err, e_img, at1_ok ? "same" : "differs",
+		  now_ok ? "same" : "differs", (unsigned long long)s1.pages,
+		  (unsigned long long)s1.saved, (unsigned long long)s1.spilled,
+		  (unsigned long long)s2.pages);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	munmap(p, len);
+	munmap(img, len);
+	free(at1);
+}
+
+/* ---- discarded pages ---- */
+
+/*
+ * session-dontneed: a page discarded between snapshots reads as zeroes in
+ * the next delta, and a write to it after that instant is in the one
+ * after.
+ */
+static void t_dontneed(void)
+{
+	const char *name = "session-dontneed";
+	size_t len = 16 * psz;
+	char *p = map(len), *img = map(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_stats s1 = { 0 }, s2 = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fds[3] = { new_file(), new_file(), new_file() };
+	bool ok1 = false, ok2 = false;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 4);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap(ss, fds[0], 0, NULL);
+	if (!err && madvise(p + 5 * psz, psz, MADV_DONTNEED))
+		err = -errno;
+	if (!err)
+		err = snap(ss, fds[1], 0, &s1);
+	if (!err)
+		ok1 = !load_chain(fds, 2, &dst, 1, NULL) && !memcmp(img, p, len) &&
+		      !p[5 * psz];
+	memset(p + 5 * psz, 0x77, 64);
+	if (!err)
+		err = snap(ss, fds[2], 0, &s2);
+	if (!err)
+		ok2 = !load_chain(fds, 3, &dst, 1, NULL) && !memcmp(img, p, len);
+	uffdwp_session_free(ss);
+	tap_check(!err && ok1 && ok2 && s1.pages == 1 && s2.pages == 1, name,
+		  "err %d, after the discard %s (%llu pages), after the write %s (%llu pages)",
+		  err, ok1 ? "same" : "differs", (unsigned long long)s1.pages,
+		  ok2 ? "same" : "differs", (unsigned long long)s2.pages);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	munmap(p, len);
+	munmap(img, len);
+}
+
+/*
+ * session-discard-during: a page the held copier has not copied is
+ * discarded: the snapshot fails with -EAGAIN (its contents at the instant
+ * are gone), the writers are free, and the next snapshot is a base that
+ * loads back right.
+ */
+static void t_discard_during(void)
+{
+	const char *name = "session-discard-during";
+	size_t len = 16 * psz;
+	char *p = map(len), *img = map(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_info info = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { new_file(), new_file() };
+	int err, failed = 0, e_load = -1;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 5);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	gate_hold();
+	if (!err)
+		err = uffdwp_session_snapshot(ss, fds[0], 0);
+	if (!err && madvise(p + 2 * psz, psz, MADV_DONTNEED))
+		err = -errno;
+	gate_open();
+	if (!err)
+		failed = uffdwp_session_wait(ss, 120000);
+	p[9 * psz] = 1;		/* not held: everything was let go */
+	if (!err)
+		err = snap(ss, fds[1], 0, NULL);
+	if (!err) {
+		e_load = load_chain(&fds[1], 1, &dst, 1, &info);
+		lseek(fds[1], 0, SEEK_SET);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && failed == -EAGAIN && !e_load &&
+		  info.kind == UFFDWP_FILE_BASE && !memcmp(img, p, len), name,
+		  "err %d, the snapshot returned %d (want -EAGAIN), next: load %d, kind %u, data %s",
+		  err, failed, e_load, info.kind,
+		  memcmp(img, p, len) ? "differs" : "same");
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+	munmap(img, len);
+}
+
+/* session-kernel-write: read(2) into a clean page is in the next delta. */
+static void t_kernel_write(void)
+{
+	const char *name = "session-kernel-write";
+	size_t len = 8 * psz;
+	char *p = map(len), *img = map(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_stats s0 = { 0 }, s1 = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { new_file(), new_file() }, pfd[2];
+	ssize_t got = -1;
+	bool ok = false;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 6);
+	err = pipe2(pfd, O_CLOEXEC) ? -errno : 0;
+	if (!err)
+		err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap(ss, fds[0], 0, &s0);
+	if (!err && s0.user_mode_only) {
+		tap_skip(name, "the session fell back to user-mode faults (no privilege for kernel-mode ones)");
+		uffdwp_session_free(ss);
+		goto out;
+	}
+	if (!err && write(pfd[1], "kernel", 6) == 6)
+		got = read(pfd[0], p + 3 * psz + 10, 6);
+	if (!err)
+		err = snap(ss, fds[1], 0, &s1);
+	if (!err)
+		ok = !load_chain(fds, 2, &dst, 1, NULL) && !memcmp(img, p, len) &&
+		     !memcmp(img + 3 * psz + 10, "kernel", 6);
+	uffdwp_session_free(ss);
+	tap_check(!err && got == 6 && ok && s1.pages == 1, name,
+		  "err %d, read(2) %zd, delta %llu pages (want 1), image %s",
+		  err, got, (unsigned long long)s1.pages, ok ? "same" : "differs");
+out:
+	close(pfd[0]);
+	close(pfd[1]);
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+	munmap(img, len);
+}
+
+/* ---- the tool ---- */
+
+/* session-tool-restore: `uffdwp restore` rebuilds the image from a base
+ * and two deltas written to files. */
+static void t_tool_restore(void)
+{
+	const char *name = "session-tool-restore";
+	const char *tool = getenv("UFFDWP_TOOL") ? getenv("UFFDWP_TOOL") :
+			   "/bin/uffdwp";
+	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64], out[64];
+	size_t len = 24 * psz;
+	char *p = map(len), *img = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_session *ss = NULL;
+	int err = 0, status = -1, got = -1;
+
+	if (skip_no_wp(name))
+		return;
+	if (access(tool, X_OK)) {
+		tap_fail(name, "%s: %s (set UFFDWP_TOOL)", tool, strerror(errno));
+		return;
+	}
+	if (!mkdtemp(dir)) {
+		tap_fail(name, "mkdtemp: %s", strerror(errno));
+		return;
+	}
+	fill(p, len, 7);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	for (int i = 0; i < 3 && !err; i++) {
+		int fd;
+
+		snprintf(path[i], sizeof(path[i]), "%s/%d.snap", dir, i);
+		fd = open(path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		err = fd < 0 ? -errno : snap(ss, fd, 0, NULL);
+		if (fd >= 0)
+			close(fd);
+		p[(3 + 5 * i) * psz] ^= 0x11;
+		p[(4 + 5 * i) * psz + 9] ^= 0x22;
+	}
+	uffdwp_session_free(ss);
+	p[13 * psz] ^= 0x11;	/* undo the writes after the last instant */
+	p[14 * psz + 9] ^= 0x22;
+	snprintf(out, sizeof(out), "%s/image", dir);
+	if (!err) {
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			execl(tool, tool, "restore", "--out", out, path[0],
+			      path[1], path[2], (char *)NULL);
+			_exit(127);
+		}
+		if (pid > 0)
+			waitpid(pid, &status, 0);
+	}
+	if (!err && WIFEXITED(status) && !WEXITSTATUS(status)) {
+		int fd = open(out, O_RDONLY | O_CLOEXEC);
+
+		got = fd < 0 ? -1 : (int)read(fd, img, len);
+		if (fd >= 0)
+			close(fd);
+	}
+	tap_check(!err && WIFEXITED(status) && !WEXITSTATUS(status) &&
+		  got == (int)len && !memcmp(img, p, len), name,
+		  "err %d, %s restore: status %#x, image %d bytes (want %zu), %s",
+		  err, tool, status, got, len,
+		  got == (int)len && !memcmp(img, p, len) ? "same" : "differs");
+	for (int i = 0; i < 3; i++)
+		unlink(path[i]);
+	unlink(out);
+	rmdir(dir);
+	munmap(p, len);
+	free(img);
+}
+
+/* ---- bad input ---- */
+
+static void t_bad_input(void)
+{
+	size_t len = 4 * psz;
+	char *p = map(len);
+	struct uffdwp_region good = { p, len }, unaligned = { p + 1, len };
+	struct uffdwp_session_opts flags = { .flags = 1u << 30 };
+	struct uffdwp_session_opts modes = {
+		.flags = UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_USER_MODE_ONLY,
+	};
+	struct uffdwp_session_opts reserved = { .__reserved[5] = 1 };
+	struct uffdwp_snapshot_stats st;
+	struct uffdwp_session *ss = NULL, *busy = NULL;
+	int e[9], i = 0, fd = new_file(), fd2 = new_file();
+	int b_snap = 1, b_wait = 1, b_stats = 1, b_busy = 1;
+	bool ok;
+
+	if (skip_no_wp("session-bad-input") | skip_no_wp("session-busy"))
+		return;
+	e[i++] = uffdwp_session_new(NULL, &good, 1, NULL);
+	e[i++] = uffdwp_session_new(&ss, NULL, 1, NULL);
+	e[i++] = uffdwp_session_new(&ss, &unaligned, 1, NULL);
+	e[i++] = uffdwp_session_new(&ss, &good, 1, &flags);
+	e[i++] = uffdwp_session_new(&ss, &good, 1, &modes);
+	e[i++] = uffdwp_session_new(&ss, &good, 1, &reserved);
+	e[i++] = uffdwp_session_snapshot(NULL, fd, 0);
+	e[i++] = uffdwp_session_wait(NULL, 0) == -EINVAL &&
+		 uffdwp_session_stats(NULL, &st) == -EINVAL &&
+		 uffdwp_session_dirty(NULL) == -EINVAL ? -EINVAL : 0;
+	e[i++] = -EINVAL;
+	uffdwp_session_free(NULL);
+	ok = ss == NULL;
+	if (!uffdwp_session_new(&busy, &good, 1, NULL)) {
+		b_wait = uffdwp_session_wait(busy, 0);
+		b_stats = uffdwp_session_stats(busy, &st);
+		e[8] = uffdwp_session_snapshot(busy, -1, 0) == -EINVAL &&
+		       uffdwp_session_snapshot(busy, fd, 1u << 7) == -EINVAL ?
+		       -EINVAL : 0;
+		gate_hold();
+		b_snap = uffdwp_session_snapshot(busy, fd, 0);
+		b_busy = uffdwp_session_snapshot(busy, fd2, 0);
+		gate_open();
+		if (!b_snap)
+			b_snap = uffdwp_session_wait(busy, 120000);
+		uffdwp_session_free(busy);
+	}
+	for (int k = 0; k < i; k++)
+		ok &= e[k] == -EINVAL;
+	tap_check(ok, "session-bad-input",
+		  "results %d %d %d %d %d %d %d %d %d (all must be -EINVAL)",
+		  e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]);
+	tap_check(b_wait == -ENOENT && b_stats == -ENOENT && !b_snap &&
+		  b_busy == -EBUSY, "session-busy",
+		  "before any snapshot: wait %d, stats %d (want -ENOENT); a snapshot while one runs: %d (want -EBUSY), the first: %d",
+		  b_wait, b_stats, b_busy, b_snap);
+	close(fd);
+	close(fd2);
+	munmap(p, len);
+}
+
+/* Write LEN bytes of BUF to a new memfd, positioned at 0. */
+static int file_of(const void *buf, size_t len)
+{
+	int fd = new_file();
+
+	if (fd >= 0 && (write(fd, buf, len) != (ssize_t)len ||
+			lseek(fd, 0, SEEK_SET)))
+		return -1;
+	return fd;
+}
+
+/* Load a copy of FILE (LEN bytes) changed by EDIT at OFF (NEWLEN bytes
+ * kept), after PREV, into DST. */
+static int load_edited(const char *file, size_t len, size_t newlen,
+		       size_t off, const void *edit, size_t elen,
+		       const struct uffdwp_snapshot_info *prev,
+		       const struct uffdwp_region *dst, size_t nr)
+{
+	char *c = malloc(len);
+	int fd, err;
+
+	memcpy(c, file, len);
+	if (edit)
+		memcpy(c + off, edit, elen);
+	fd = file_of(c, newlen);
+	free(c);
+	if (fd < 0)
+		return -errno;
+	err = uffdwp_snapshot_load(fd, dst, nr, prev, NULL);
+	close(fd);
+	return err;
+}
+
+/* load-bad-input / read-info: bad files and bad arguments. */
+static void t_load_bad(void)
+{
+	size_t len = 8 * psz, blen, dlen;
+	char *p = map(len), *img = map(len), *base, *delta, junk[4096];
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_region short_dst = { img, len - psz }, two[2] = { dst, dst };
+	struct uffdwp_region got[2] = { { 0 } };
+	struct uffdwp_snapshot_info ib = { 0 }, id = { 0 }, other;
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { new_file(), new_file() }, pfd[2] = { -1, -1 };
+	uint32_t bad_version = 2;
+	uint64_t bad_pages = 3, nowhere = 0x1000;
+	int e[16], i = 0, n_info = -1, n_max = -1, e_pipe = 0, err;
+	bool ok;
+
+	if (skip_no_wp("load-bad-input") | skip_no_wp("read-info"))
+		return;
+	fill(p, len, 8);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap(ss, fds[0], 0, NULL);
+	p[psz] ^= 1;
+	if (!err)
+		err = snap(ss, fds[1], 0, NULL);
+	uffdwp_session_free(ss);
+	if (err) {
+		tap_fail("load-bad-input", "setup: %d", err);
+		tap_fail("read-info", "setup: %d", err);
+		return;
+	}
+	blen = (size_t)lseek(fds[0], 0, SEEK_END);
+	dlen = (size_t)lseek(fds[1], 0, SEEK_END);
+	base = malloc(blen);
+	delta = malloc(dlen);
+	if (pread(fds[0], base, blen, 0) != (ssize_t)blen ||
+	    pread(fds[1], delta, dlen, 0) != (ssize_t)dlen)
+		tap_bail("reading the files back: %s", strerror(errno));
+	lseek(fds[0], 0, SEEK_SET);
+	lseek(fds[1], 0, SEEK_SET);
+	n_info = uffdwp_snapshot_read_info(fds[0], &ib, got, 2);
+	n_max = uffdwp_snapshot_read_info(fds[1], &id, got + 1, 0);
+	ok = n_info == 1 && n_max == 1 && lseek(fds[0], 0, SEEK_CUR) == 0 &&
+	     got[0].addr == p && got[0].len == len && ib.version == 1 &&
+	     ib.page_size == (uint32_t)psz && ib.kind == UFFDWP_FILE_BASE &&
+	     ib.nregions == 1 && ib.epoch == 0 && ib.pages_total == 8 &&
+	     ib.pages == 8 && ib.file_len == blen &&
+	     id.kind == UFFDWP_FILE_DELTA && id.epoch == 1 && id.pages == 1 &&
+	     id.file_len == dlen && id.session == ib.session;
+	if (!pipe2(pfd, O_CLOEXEC))
+		e_pipe = uffdwp_snapshot_read_info(pfd[0], &other, NULL, 0);
+	tap_check(ok && e_pipe == -ESPIPE &&
+		  uffdwp_snapshot_read_info(fds[0], NULL, NULL, 0) == -EINVAL,
+		  "read-info",
+		  "regions %d/%d, base: v%u ps %u kind %u epoch %llu pages %llu/%llu len %llu (file %zu); delta: kind %u epoch %llu pages %llu; on a pipe %d (want -ESPIPE)",
+		  n_info, n_max, ib.version, ib.page_size, ib.kind,
+		  (unsigned long long)ib.epoch, (unsigned long long)ib.pages,
+		  (unsigned long long)ib.pages_total,
+		  (unsigned long long)ib.file_len, blen, id.kind,
+		  (unsigned long long)id.epoch, (unsigned long long)id.pages,
+		  e_pipe);
+
+	memset(junk, 0x41, sizeof(junk));
+	other = ib;
+	other.session ^= 1;
+	/* Not ours, truncated in the header, the regions, the pages. */
+	e[i++] = load_edited(junk, sizeof(junk), sizeof(junk), 0, NULL, 0, NULL, &dst, 1);
+	e[i++] = load_edited(base, blen, 40, 0, NULL, 0, NULL, &dst, 1);
+	e[i++] = load_edited(base, blen, 70, 0, NULL, 0, NULL, &dst, 1);
+	e[i++] = load_edited(base, blen, blen - 1, 0, NULL, 0, NULL, &dst, 1);
+	/* Another format version; a page count the bitmap contradicts. */
+	e[i++] = load_edited(base, blen, blen, 8, &bad_version, 4, NULL, &dst, 1);
+	e[i++] = load_edited(base, blen, blen, 56, &bad_pages, 8, NULL, &dst, 1);
+	/* A delta without its base, of another session, out of order. */
+	e[i++] = load_edited(delta, dlen, dlen, 0, NULL, 0, NULL, &dst, 1);
+	e[i++] = load_edited(delta, dlen, dlen, 0, NULL, 0, &other, &dst, 1);
+	e[i++] = load_edited(delta, dlen, dlen, 0, NULL, 0, &id, &dst, 1);
+	/* Destinations that do not fit; a recorded region not mapped. */
+	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, &short_dst, 1);
+	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, two, 2);
+	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, NULL, 1);
+	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, &dst, 0);
+	e[i++] = load_edited(base, blen, blen, 64, &nowhere, 8, NULL, NULL, 0);
+	/* And the good ones still load. */
+	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, &dst, 1);
+	e[i++] = load_edited(delta, dlen, dlen, 0, NULL, 0, &ib, &dst, 1);
+	tap_check(e[0] == -EBADMSG && e[1] == -EBADMSG && e[2] == -EBADMSG &&
+		  e[3] == -EBADMSG && e[4] == -EPROTONOSUPPORT &&
+		  e[5] == -EBADMSG && e[6] == -ESTALE && e[7] == -ESTALE &&
+		  e[8] == -ESTALE && e[9] == -EINVAL && e[10] == -EINVAL &&
+		  e[11] == -EINVAL && e[12] == -EINVAL && e[13] == -EFAULT &&
+		  !e[14] && !e[15] && !memcmp(img, p, len), "load-bad-input",
+		  "junk %d, cut header %d, cut regions %d, cut pages %d, version %d, pages %d, delta alone %d, other session %d, same epoch %d, short dst %d, two dst %d, NULL dst %d, no nr %d, unmapped %d, good %d %d, data %s",
+		  e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9],
+		  e[10], e[11], e[12], e[13], e[14], e[15],
+		  memcmp(img, p, len) ? "differs" : "same");
+	if (pfd[0] >= 0) {
+		close(pfd[0]);
+		close(pfd[1]);
+	}
+	close(fds[0]);
+	close(fds[1]);
+	free(base);
+	free(delta);
+	munmap(p, len);
+	munmap(img, len);
+}
+
+int main(void)
+{
+	psz = sysconf(_SC_PAGESIZE);
+	tap_plan(12);
+	uffdwp_probe(&f);
+	t_base_delta();
+	t_concurrent();
+	t_writes_during(false);
+	t_writes_during(true);
+	t_dontneed();
+	t_discard_during();
+	t_kernel_write();
+	t_tool_restore();
+	t_bad_input();
+	t_load_bad();
+	return tap_done();
+}
