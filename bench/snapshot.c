@@ -29,7 +29,8 @@
  * base_pause_us, base_total_ms, pause_vs_base and total_vs_base (the
  * delta's cost over the base's, same repetition) and delta_pages_pct.
  * Options: --quick, --reps N, --sizes MIB[,MIB...] (default 256,1024),
- * --thp on|off|both (default both).
+ * --thp on|off|both (default both), --variants NAME[,NAME...] (default
+ * all).
  *   fault_max_us    uffdwp only: the longest the library's handler took
  *                   for one fault (claim, save, unprotect); the rest of a
  *                   writer's worst wait is the protect phase and being
@@ -128,6 +129,19 @@ static void report(const char *variant, const char *param, int rep,
  * fork's copy-on-write splits huge pages, so a shared arena would hand the
  * next variant split memory and "thp=on" would not measure huge pages.
  */
+static const char *only;		/* --variants: comma-separated names */
+
+static bool selected(const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = only; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+		if (strcspn(p, ",") == n && !strncmp(p, name, n))
+			return true;
+	}
+	return !only;
+}
+
 static int run_case(size_t mib, bool thp, int reps)
 {
 	char param[64];
@@ -144,6 +158,8 @@ static int run_case(size_t mib, bool thp, int reps)
 			struct wl wl;
 			int err;
 
+			if (!selected(var->name))
+				continue;
 			err = wl_init(&wl, mib << 20, WRITERS, thp);
 			if (!err)
 				err = wl_start(&wl);
@@ -179,12 +195,28 @@ int main(int argc, char **argv)
 {
 	const char *sizes_opt = bench_take_opt(&argc, argv, "--sizes");
 	const char *thp_opt = bench_take_opt(&argc, argv, "--thp");
+
+	only = bench_take_opt(&argc, argv, "--variants");
 	size_t sizes[8] = { 256, 1024 }, nsizes = 2;
 	bool thp_off = true, thp_on = true;
 	struct bench_opts o;
 	int bad = 0;
 
 	bench_parse_args(argc, argv, &o, 5);
+	for (const char *p = only; p && *p;) {
+		size_t n = strcspn(p, ","), v = 0;
+
+		while (v < sizeof(variants) / sizeof(variants[0]) &&
+		       (strlen(variants[v].name) != n ||
+			strncmp(variants[v].name, p, n)))
+			v++;
+		if (v == sizeof(variants) / sizeof(variants[0])) {
+			fprintf(stderr, "bench-snapshot: --variants: unknown variant '%.*s' (fork, uffdwp, uffdwp_cap1m, uffdwp_delta)\n",
+				(int)n, p);
+			return 2;
+		}
+		p += n + (p[n] == ',');
+	}
 	if (sizes_opt)
 		nsizes = bench_parse_list("--sizes", sizes_opt, sizes, 8, 16,
 					  4096, 2);
