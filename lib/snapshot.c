@@ -514,6 +514,47 @@ static int fetch_saved(struct uffdwp_snapshot *s, size_t first, size_t i,
 	return 0;
 }
 
+struct lost_check {
+	struct uffdwp_snapshot *s;
+	bool lost;
+};
+
+static void note_written(void *arg, uintptr_t start, uintptr_t end)
+{
+	struct lost_check *c = arg;
+
+	for (; start < end && !c->lost; start += uw_page_size())
+		c->lost = atomic_load_explicit(
+			&c->s->state[uw_page_index(&c->s->rs, start)],
+			memory_order_relaxed) == ST_COPYING;
+}
+
+/*
+ * After the copier's memcpy: is every page it read from memory (COPYING)
+ * still write-protected?  One that is not lost its contents without a
+ * write fault: discarded (MADV_DONTNEED and the like), and the copier may
+ * have read the zeroes that replaced it.  The handler's UFFD_EVENT_REMOVE
+ * check cannot see that in time: the kernel zaps as soon as the event is
+ * read, before the handler looks at the pages.  -EAGAIN then, else 0 (also
+ * without PAGEMAP_SCAN, where this cannot be checked, and after a cancel).
+ */
+static int check_protected(struct uffdwp_snapshot *s, uintptr_t addr,
+			   size_t len)
+{
+	struct page_region vec[SCAN_VEC];
+	struct uffdwp_region r = { (void *)addr, len };
+	struct uw_regions one = { .nr = 1, .r = &r };
+	struct lost_check c = { s, false };
+
+	if (s->pagemap_fd < 0 ||
+	    uw_scan_regions(s->pagemap_fd, &one, 0, PAGE_IS_WRITTEN, vec,
+			    SCAN_VEC, note_written, &c))
+		return 0;
+	/* A cancel (or the handler's abort) unprotects everything first:
+	 * then the chunk is dropped anyway, with that error. */
+	return c.lost && !cancelled(s) ? -EAGAIN : 0;
+}
+
 static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 {
 	size_t psz = uw_page_size(), n = len / psz;
@@ -542,6 +583,7 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 			       (j - i) * psz);
 		i = j + (j == i);
 	}
+	err = check_protected(s, addr, len);
 	for (size_t i = 0; i < n; i++) {
 		uint32_t now = settled(s, first + i);
 		int e = fetch_saved(s, first, i, now);
@@ -769,16 +811,13 @@ static void mark_huge(void *arg, uintptr_t start, uintptr_t end)
 void uw_snap_find_huge(struct uffdwp_snapshot *s)
 {
 	struct page_region vec[SCAN_VEC];
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 
 	for (size_t w = 0; w < s->huge_len / 8; w++)
 		atomic_store_explicit(&s->huge[w], 0, memory_order_relaxed);
 	s->nhuge = 0;
-	if (fd < 0)
-		return;
-	uw_scan_regions(fd, &s->rs, 0, PAGE_IS_HUGE, vec, SCAN_VEC,
-			mark_huge, s);
-	close(fd);
+	if (s->pagemap_fd >= 0)
+		uw_scan_regions(s->pagemap_fd, &s->rs, 0, PAGE_IS_HUGE, vec,
+				SCAN_VEC, mark_huge, s);
 }
 
 void uw_snap_destroy(struct uffdwp_snapshot *s)
@@ -806,6 +845,8 @@ void uw_snap_destroy(struct uffdwp_snapshot *s)
 		close(s->stop_fd);
 	if (s->memfd >= 0)
 		close(s->memfd);
+	if (s->pagemap_fd >= 0)
+		close(s->pagemap_fd);
 	uw_free(s->state, s->state_len);
 	uw_free(s->huge, s->huge_len);
 	uw_free(s->free_slot, s->slots_len);
@@ -837,6 +878,18 @@ int uw_snap_check_flags(unsigned int flags, const uint64_t *reserved,
 	return 0;
 }
 
+/* Setting up failed with ERR: let any thread started go, and free. */
+static int discard(struct uffdwp_snapshot *s, int err)
+{
+	pthread_mutex_lock(&s->lock);
+	s->cancel = true;
+	s->go = true;
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	uw_snap_destroy(s);
+	return err;
+}
+
 /*
  * What a snapshot and a session share: the object, the userfaultfd (in
  * sync WP mode, with kernel-mode faults where the process may), the
@@ -860,6 +913,7 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	memset(s, 0, sizeof(*s));
 	s->self_len = self_len;
 	s->uffd = s->stop_fd = s->spill_fd = s->memfd = -1;
+	s->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 	s->opts = *opts;
 	s->session = session;
 	s->t_start = uw_now_ns();
@@ -928,13 +982,7 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	return 0;
 
 fail:
-	pthread_mutex_lock(&s->lock);
-	s->cancel = true;
-	s->go = true;
-	pthread_cond_broadcast(&s->changed);
-	pthread_mutex_unlock(&s->lock);
-	uw_snap_destroy(s);
-	return err;
+	return discard(s, err);
 }
 
 int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
@@ -987,13 +1035,7 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	return 0;
 
 fail:
-	pthread_mutex_lock(&s->lock);
-	s->cancel = true;
-	s->go = true;
-	pthread_cond_broadcast(&s->changed);
-	pthread_mutex_unlock(&s->lock);
-	uw_snap_destroy(s);
-	return err;
+	return discard(s, err);
 }
 
 int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms)

@@ -57,6 +57,7 @@ struct uffdwp_snapshot {
 	 * size.  SINK_POSITIONAL: that is the sink file itself, written by
 	 * the copier with pwrite(2) at the same offsets. */
 	int spill_fd, memfd;
+	int pagemap_fd;			/* /proc/self/pagemap, or -1 */
 	bool sink_positional;
 	off_t spill_base;
 	uint64_t spill_bytes;		/* memfd: held now */

@@ -15,6 +15,8 @@
  *    discarded before the copier reached it fails the snapshot with
  *    -EAGAIN, and the next snapshot is a base;
  *  - a read(2) into a clean page (a kernel-mode write) is in the next delta;
+ *  - a write into a PMD-mapped THP puts its whole block in the next delta
+ *    and the block stays PMD-mapped through the writes and the instants;
  *  - `uffdwp restore` rebuilds the image from the files;
  *  - bad input: -EINVAL, -EBUSY, -ENOENT; bad files: -EBADMSG,
  *    -EPROTONOSUPPORT, -ESTALE, -EINVAL, -EFAULT, -ESPIPE.
@@ -30,15 +32,12 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "lib_test.h"
+#include "uffd_util.h"
 #include "uffdwp.h"
 #include "workload.h"
 
-/* libuffdwp's test seam (lib/internal.h): called by the copier before each
- * chunk it copies. */
-extern void (*uw_snap_before_chunk)(void);
-
 static long psz;
-static struct uffdwp_features f;
 
 static char *map(size_t len)
 {
@@ -49,20 +48,6 @@ static char *map(size_t len)
 		return NULL;
 	madvise(p, len, MADV_NOHUGEPAGE);
 	return p;
-}
-
-static void fill(char *p, size_t len, unsigned int seed)
-{
-	for (size_t i = 0; i < len; i += 8)
-		*(uint64_t *)(p + i) = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-}
-
-static bool skip_no_wp(const char *name)
-{
-	if (f.wp)
-		return false;
-	tap_skip(name, "kernel has no sync write-protect for anonymous memory");
-	return true;
 }
 
 static int new_file(void)
@@ -256,33 +241,6 @@ static void t_concurrent(void)
 
 /* ---- writes while a delta is being copied ---- */
 
-static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
-static bool gate_closed;
-
-static void gate_wait(void)
-{
-	pthread_mutex_lock(&gate_lock);
-	while (gate_closed)
-		pthread_cond_wait(&gate_cond, &gate_lock);
-	pthread_mutex_unlock(&gate_lock);
-}
-
-static void gate_hold(void)
-{
-	gate_closed = true;
-	uw_snap_before_chunk = gate_wait;
-}
-
-static void gate_open(void)
-{
-	pthread_mutex_lock(&gate_lock);
-	gate_closed = false;
-	pthread_cond_broadcast(&gate_cond);
-	pthread_mutex_unlock(&gate_lock);
-	uw_snap_before_chunk = NULL;
-}
-
 /* Copies a pipe into a memfd until end of file. */
 struct drain {
 	pthread_t th;
@@ -347,7 +305,7 @@ static void t_writes_during(bool pipe_sink)
 			p[i * psz] ^= 2;
 		p[20 * psz] ^= 2;		/* clean: only noted */
 	}
-	gate_open();
+	gate_remove();
 	if (!err)
 		err = uffdwp_session_wait(ss, 120000);
 	if (!err)
@@ -456,7 +414,7 @@ static void t_discard_during(void)
 		err = uffdwp_session_snapshot(ss, fds[0], 0);
 	if (!err && madvise(p + 2 * psz, psz, MADV_DONTNEED))
 		err = -errno;
-	gate_open();
+	gate_remove();
 	if (!err)
 		failed = uffdwp_session_wait(ss, 120000);
 	p[9 * psz] = 1;		/* not held: everything was let go */
@@ -522,6 +480,70 @@ out:
 	close(fds[0]);
 	close(fds[1]);
 	munmap(p, len);
+	munmap(img, len);
+}
+
+/*
+ * session-thp: four PMD-mapped blocks; after the base one byte is written
+ * in block 1 and in block 3.  The delta holds exactly those two blocks
+ * (1024 pages: the handler unprotects a huge block whole), every block is
+ * still PMD-mapped after the writes and after the delta's instant, and
+ * base + delta is the memory.
+ */
+static void t_thp(void)
+{
+	const char *name = "session-thp";
+	size_t blocks = 4, len = blocks * HPAGE_SIZE;
+	char *raw = mmap(NULL, len + HPAGE_SIZE, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *p = (char *)(((uintptr_t)raw + HPAGE_SIZE - 1) & ~(HPAGE_SIZE - 1));
+	char *img = map(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_stats s1 = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { new_file(), new_file() };
+	long before, written = -1, after = -1;
+	bool same = false;
+	int err;
+
+	if (skip_no_wp(name))
+		return;
+	if (!f.thp) {
+		tap_skip(name, "transparent hugepages are off");
+		return;
+	}
+	madvise(p, len, MADV_HUGEPAGE);
+	fill(p, len, 10);
+	before = make_pmd_mapped(p, len);
+	if (before != (long)blocks) {
+		tap_skip(name, "the arena got %ld of %zu blocks PMD-mapped (%s)",
+			 before, blocks, before < 0 ? strerror((int)-before) :
+			 "no free huge page");
+		goto out;
+	}
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap(ss, fds[0], 0, NULL);
+	p[1 * HPAGE_SIZE + 5 * psz] ^= 1;
+	p[3 * HPAGE_SIZE + 100 * psz] ^= 1;
+	written = pmd_mapped_blocks(p, len);
+	if (!err)
+		err = snap(ss, fds[1], 0, &s1);
+	after = pmd_mapped_blocks(p, len);
+	if (!err)
+		same = !load_chain(fds, 2, &dst, 1, NULL) && !memcmp(img, p, len);
+	uffdwp_session_free(ss);
+	tap_check(!err && same && s1.pages == 2 * HPAGE_SIZE / psz &&
+		  s1.huge_blocks == blocks && written == (long)blocks &&
+		  after == (long)blocks, name,
+		  "err %d, image %s, delta %llu pages (want %lu), %llu huge blocks at its instant, PMD-mapped after the writes %ld, after the delta %ld (of %zu)",
+		  err, same ? "same" : "differs", (unsigned long long)s1.pages,
+		  2 * HPAGE_SIZE / psz, (unsigned long long)s1.huge_blocks,
+		  written, after, blocks);
+out:
+	close(fds[0]);
+	close(fds[1]);
+	munmap(raw, len + HPAGE_SIZE);
 	munmap(img, len);
 }
 
@@ -641,7 +663,7 @@ static void t_bad_input(void)
 		gate_hold();
 		b_snap = uffdwp_session_snapshot(busy, fd, 0);
 		b_busy = uffdwp_session_snapshot(busy, fd2, 0);
-		gate_open();
+		gate_remove();
 		if (!b_snap)
 			b_snap = uffdwp_session_wait(busy, 120000);
 		uffdwp_session_free(busy);
@@ -804,7 +826,7 @@ static void t_load_bad(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(12);
+	tap_plan(13);
 	uffdwp_probe(&f);
 	t_base_delta();
 	t_concurrent();
@@ -813,6 +835,7 @@ int main(void)
 	t_dontneed();
 	t_discard_during();
 	t_kernel_write();
+	t_thp();
 	t_tool_restore();
 	t_bad_input();
 	t_load_bad();

@@ -19,6 +19,8 @@
  *  - never-touched memory snapshots as zeroes, with and without
  *    WP_UNPOPULATED; THP-backed memory snapshots exactly;
  *  - cancel and a failing sink stop the snapshot and release every writer;
+ *  - a page discarded (MADV_DONTNEED) before the copier reached it fails
+ *    the snapshot with -EAGAIN instead of storing zeroes it never held;
  *  - the fd sink writes in pieces of at most 16 KiB (a 2 MiB write(2) into
  *    tmpfs took seconds in the riscv64 guest);
  *  - the workload's time-bounded writer phase still gives a verified copy;
@@ -40,11 +42,12 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "lib_test.h"
+#include "uffd_util.h"
 #include "uffdwp.h"
 #include "workload.h"
 
 static long psz;
-static struct uffdwp_features f;
 
 /* A sink callback that copies into BUF at the region offset, checking the
  * order: each call must start where the previous one ended or later. */
@@ -110,20 +113,6 @@ static char *map(size_t len, bool thp)
 	p = (char *)(((uintptr_t)p + al - 1) & ~(al - 1));
 	madvise(p, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 	return p;
-}
-
-static void fill(char *p, size_t len, unsigned int seed)
-{
-	for (size_t i = 0; i < len; i += 8)
-		*(uint64_t *)(p + i) = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-}
-
-static bool skip_no_wp(const char *name)
-{
-	if (f.wp)
-		return false;
-	tap_skip(name, "kernel has no sync write-protect for anonymous memory");
-	return true;
 }
 
 /* snapshot-static / snapshot-fd: no writers, two regions given backwards. */
@@ -697,42 +686,6 @@ out:
 }
 /* ---- writers never wait for the copier ---- */
 
-/* libuffdwp's test seam (lib/internal.h): called by the copier before each
- * chunk.  gate_hold() holds it there until gate_open(). */
-extern void (*uw_snap_before_chunk)(void);
-
-static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
-static bool gate_closed;
-
-static void gate_wait(void)
-{
-	pthread_mutex_lock(&gate_lock);
-	while (gate_closed)
-		pthread_cond_wait(&gate_cond, &gate_lock);
-	pthread_mutex_unlock(&gate_lock);
-}
-
-static void gate_hold(void)
-{
-	gate_closed = true;
-	uw_snap_before_chunk = gate_wait;
-}
-
-static void gate_open(void)
-{
-	pthread_mutex_lock(&gate_lock);
-	gate_closed = false;
-	pthread_cond_broadcast(&gate_cond);
-	pthread_mutex_unlock(&gate_lock);
-}
-
-static void gate_remove(void)
-{
-	gate_open();
-	uw_snap_before_chunk = NULL;
-}
-
 /* Wait up to 60 s for W to finish: the positive signal that it was not
  * held (a held writer makes the test fail, not hang). */
 static bool writer_finished(volatile int *done)
@@ -764,8 +717,6 @@ static void *pipe_reader_main(void *arg)
 	return NULL;
 }
 
-/* Number of PMD-mapped 2 MiB blocks in [P, P + LEN), or -errno. */
-static long huge_blocks(char *p, size_t len);
 
 /*
  * Snapshot R with the copier held before its first chunk while W runs.
@@ -789,7 +740,7 @@ static int run_held(struct uffdwp_region *r, struct uffdwp_snapshot_opts *o,
 		*held_ok = writer_finished(&w->done);
 		uffdwp_snapshot_stats(s, mid);
 		if (huge_mid)
-			*huge_mid = huge_blocks(r->addr, r->len);
+			*huge_mid = pmd_mapped_blocks(r->addr, r->len);
 		gate_open();
 		err = uffdwp_snapshot_wait(s, 120000);
 		pthread_join(w->th, NULL);
@@ -943,34 +894,6 @@ static void t_spill_error(void)
 	munmap(p, len);
 }
 
-static long huge_blocks(char *p, size_t len)
-{
-#ifndef PAGEMAP_SCAN	/* host headers older than 6.7 */
-	(void)p;
-	(void)len;
-	return -EOPNOTSUPP;
-#else
-	struct page_region vec[64];
-	struct pm_scan_arg a = {
-		.size = sizeof(a), .start = (uintptr_t)p,
-		.end = (uintptr_t)p + len, .vec = (uintptr_t)vec,
-		.vec_len = 64, .category_mask = PAGE_IS_HUGE,
-		.return_mask = PAGE_IS_HUGE,
-	};
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	long n, bytes = 0;
-
-	if (fd < 0)
-		return -errno;
-	n = ioctl(fd, PAGEMAP_SCAN, &a);
-	close(fd);
-	if (n < 0)
-		return -errno;
-	for (long i = 0; i < n; i++)
-		bytes += (long)(vec[i].end - vec[i].start);
-	return bytes / (2L << 20);
-#endif
-}
 
 /*
  * snapshot-thp-kept: an arena of four PMD-mapped THPs, the copier held,
@@ -1003,24 +926,7 @@ static void t_thp_kept(void)
 		return;
 	}
 	fill(p, len, 31);
-	before = huge_blocks(p, len);
-	if (before >= 0 && before != (long)blocks) {
-		/* Memory fragmented by earlier suites: compact it and collapse
-		 * the arena, so that the precondition holds when it can. */
-		int fd = open("/proc/sys/vm/compact_memory", O_WRONLY | O_CLOEXEC);
-
-		if (fd >= 0) {
-			if (write(fd, "1", 1) != 1)
-				tap_diag("compact_memory: %s", strerror(errno));
-			close(fd);
-		}
-#ifdef MADV_COLLAPSE
-		madvise(p, len, MADV_COLLAPSE);
-#endif
-		before = huge_blocks(p, len);
-		tap_diag("thp-kept: %ld of %zu blocks PMD-mapped after compaction and MADV_COLLAPSE",
-			 before, blocks);
-	}
+	before = make_pmd_mapped(p, len);
 	if (before != (long)blocks) {
 		tap_skip(name, "the arena got %ld of %zu blocks PMD-mapped (%s)",
 			 before, blocks, before < 0 ? strerror((int)-before) :
@@ -1032,7 +938,7 @@ static void t_thp_kept(void)
 	o.sink_arg = &c;
 	err = run_held(&r, &o, &w, &held_ok, &mid, &st, &during);
 	if (!err)
-		after = huge_blocks(p, len);
+		after = pmd_mapped_blocks(p, len);
 	for (size_t b = 0; b < blocks; b++)
 		mem_ok &= p[b * (2UL << 20) + (1UL << 20)] == (char)0xAB;
 	data_ok = !memcmp(buf, expect, len);
@@ -1049,6 +955,53 @@ static void t_thp_kept(void)
 		  during, after, blocks);
 	munmap(p, len);
 	free(expect);
+	free(buf);
+}
+
+/*
+ * snapshot-discard-during: with the copier held before its first chunk, a
+ * page is discarded.  Its contents at the instant are gone, so the
+ * snapshot must fail with -EAGAIN (not hand the sink zeroes), and the
+ * writers must be free at once (a write to another page goes through
+ * while the copier is still held).
+ */
+static void t_discard_during(void)
+{
+	const char *name = "snapshot-discard-during";
+	size_t len = 16 * psz;
+	char *p = map(len, false), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s = NULL;
+	struct rev_writer w = { .p = p + 8 * psz, .pages = 1 };
+	struct collect c;
+	bool released = false, started = false;
+	int err, res = 0;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 13);
+	collect_init(&c, buf, &r, 1);
+	o.sink_arg = &c;
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err && madvise(p + 3 * psz, psz, MADV_DONTNEED))
+		err = -errno;
+	if (!err) {
+		started = !pthread_create(&w.th, NULL, rev_main, &w);
+		released = started && writer_finished(&w.done);
+	}
+	gate_remove();
+	if (s) {
+		res = uffdwp_snapshot_wait(s, 120000);
+		uffdwp_snapshot_free(s);
+	}
+	if (started)
+		pthread_join(w.th, NULL);
+	tap_check(!err && res == -EAGAIN && released && !c.calls, name,
+		  "err %d, the snapshot returned %d (want -EAGAIN), a writer %s while the copier was held, %d sink calls (want 0)",
+		  err, res, released ? "went on" : "WAITED", c.calls);
+	munmap(p, len);
 	free(buf);
 }
 
@@ -1132,7 +1085,7 @@ static void t_bad_input(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(20);
+	tap_plan(21);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
@@ -1143,6 +1096,7 @@ int main(void)
 	t_never_waits();
 	t_unpopulated();
 	t_cancel();
+	t_discard_during();
 	t_kernel_writes();
 	t_bad_input();
 	return tap_done();

@@ -2,6 +2,7 @@
 /* uffd_util.c: see uffd_util.h. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/fs.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -434,4 +435,34 @@ int pin_to_cpu0(void)
 	CPU_ZERO(&set);
 	CPU_SET(0, &set);
 	return sched_setaffinity(0, sizeof(set), &set) ? -errno : 0;
+}
+
+/* PAGEMAP_SCAN (PAGE_IS_HUGE) over [P, P + LEN). */
+long pmd_mapped_blocks(void *p, size_t len)
+{
+#ifndef PAGEMAP_SCAN	/* host headers older than 6.7 */
+	(void)p;
+	(void)len;
+	return -EOPNOTSUPP;
+#else
+	struct page_region vec[64];
+	struct pm_scan_arg a = {
+		.size = sizeof(a), .start = (uintptr_t)p,
+		.end = (uintptr_t)p + len, .vec = (uintptr_t)vec,
+		.vec_len = 64, .category_mask = PAGE_IS_HUGE,
+		.return_mask = PAGE_IS_HUGE,
+	};
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	long n, bytes = 0;
+
+	if (fd < 0)
+		return -errno;
+	n = ioctl(fd, PAGEMAP_SCAN, &a);
+	close(fd);
+	if (n < 0)
+		return -errno;
+	for (long i = 0; i < n; i++)
+		bytes += (long)(vec[i].end - vec[i].start);
+	return bytes / (2L << 20);
+#endif
 }

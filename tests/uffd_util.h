@@ -34,6 +34,10 @@
 
 long page_size(void);
 
+/* Number of PMD-mapped 2 MiB blocks in [P, P + LEN), or -errno
+ * (-EOPNOTSUPP when built without PAGEMAP_SCAN in the headers). */
+long pmd_mapped_blocks(void *p, size_t len);
+
 /* userfaultfd(flags) then UFFDIO_API asking for FEATURES; *got (if not NULL)
  * receives the features the kernel reports.  Returns the fd or -errno. */
 int uffd_open_flags(int flags, uint64_t features, uint64_t *got);

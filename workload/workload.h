@@ -501,6 +501,24 @@ static inline int wl_snap_wait(struct wl *wl, struct uffdwp_snapshot *s,
 	}
 }
 
+/* RES from libuffdwp's stats ST, and the writers' latency. */
+static inline void wl_take_stats(struct wl *wl,
+				 const struct uffdwp_snapshot_stats *st,
+				 struct wl_result *res)
+{
+	res->pause_us = st->pause_ns / 1000.0;
+	/* A memfd spill is memory too; a spill into the sink file is not. */
+	res->extra_mib = (double)(st->side_peak + st->spill_peak +
+				  st->fixed_bytes) / (1 << 20);
+	res->faults = st->faults;
+	res->saved = st->saved;
+	res->spilled = st->spilled;
+	res->huge_blocks = st->huge_blocks;
+	res->huge_saves = st->huge_saves;
+	res->fault_max_us = st->fault_max_ns / 1000.0;
+	wl_latency(wl, res);
+}
+
 /* Snapshot with libuffdwp into PATH; CAP is the side buffer cap. */
 static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 			  struct wl_result *res)
@@ -534,17 +552,7 @@ static inline int wl_snap_uffdwp(struct wl *wl, const char *path, size_t cap,
 	uffdwp_snapshot_stats(s, &st);
 	uffdwp_snapshot_free(s);
 	close(o.sink_fd);
-	res->pause_us = st.pause_ns / 1000.0;
-	/* A memfd spill is memory too; a spill into the sink file is not. */
-	res->extra_mib = (double)(st.side_peak + st.spill_peak +
-				  st.fixed_bytes) / (1 << 20);
-	res->faults = st.faults;
-	res->saved = st.saved;
-	res->spilled = st.spilled;
-	res->huge_blocks = st.huge_blocks;
-	res->huge_saves = st.huge_saves;
-	res->fault_max_us = st.fault_max_ns / 1000.0;
-	wl_latency(wl, res);
+	wl_take_stats(wl, &st, res);
 	if (err) {
 		snprintf(res->why, sizeof(res->why), "snapshot failed: %s",
 			 strerror(-err));
@@ -582,17 +590,8 @@ static inline int wl_session_snap(struct wl *wl, struct uffdwp_session *ss,
 	if (err)
 		return err;
 	uffdwp_session_stats(ss, &st);
-	res->pause_us = st.pause_ns / 1000.0;
-	res->extra_mib = (double)(st.side_peak + st.spill_peak +
-				  st.fixed_bytes) / (1 << 20);
-	res->faults = st.faults;
-	res->saved = st.saved;
-	res->spilled = st.spilled;
-	res->huge_blocks = st.huge_blocks;
-	res->huge_saves = st.huge_saves;
-	res->fault_max_us = st.fault_max_ns / 1000.0;
 	*pages = st.pages;
-	wl_latency(wl, res);
+	wl_take_stats(wl, &st, res);
 	return 0;
 }
 
