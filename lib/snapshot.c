@@ -34,15 +34,19 @@
  * Sessions use the same machinery on a userfaultfd that outlives each
  * snapshot.  The copier leaves copied pages protected (it only wakes the
  * writers that faulted on its chunk); the handler marks every page it
- * unprotects in a dirty bitmap.  The next instant pauses the handler,
- * takes the dirty bitmap as the new snapshot's page set, protects just
- * those pages again and lets the handler go: the pause and the copy follow
- * what was written.  (The handler holds an instant lock while it handles
- * a batch of messages; the instant takes it.)  Session snapshots go to the sink in the snapshot file
- * format (snapfile.c): a page's place in the file is its rank among the
- * stored pages.  UFFD_EVENT_REMOVE (MADV_DONTNEED and the like) marks the
- * discarded pages dirty, and fails a running snapshot with -EAGAIN when a
- * page it has not copied yet goes: its contents at the instant are lost.
+ * unprotects in a dirty bitmap.  The next instant takes the handler's
+ * instant lock (so no message is handled meanwhile), takes the dirty
+ * bitmap as the new snapshot's page set, protects just those pages again
+ * and lets the handler go: the pause and the copy follow what was written.
+ * Session snapshots go to the sink in the snapshot file format
+ * (snapfile.c): a page's place in the file is its rank among the stored
+ * pages.
+ *
+ * Discarded pages (MADV_DONTNEED and the like): UFFD_EVENT_REMOVE marks
+ * them dirty, and a snapshot that has not copied one of them fails with
+ * -EAGAIN, its contents at the instant being lost.  The kernel zaps as
+ * soon as the event is read, so the copier also checks, after reading a
+ * chunk, that every page it read was still protected (check_protected()).
  */
 #define _GNU_SOURCE
 #include <errno.h>
