@@ -99,6 +99,12 @@ static inline void uw_bit_set(_Atomic uint64_t *map, size_t i)
 				 memory_order_relaxed);
 }
 
+static inline bool uw_bit_test(const _Atomic uint64_t *map, size_t i)
+{
+	return atomic_load_explicit(&map[i / 64], memory_order_relaxed) >>
+	       (i % 64) & 1;
+}
+
 /* Trackers: each backend provides these operations. */
 struct uffdwp_tracker;
 struct uw_tracker_ops {

@@ -60,12 +60,6 @@ static void release_handler(struct uffdwp_snapshot *s)
 	pthread_mutex_unlock(&s->instant_lock);
 }
 
-static bool set_bit(struct uffdwp_snapshot *s, size_t i)
-{
-	return atomic_load_explicit(&s->set[i / 64], memory_order_relaxed) >>
-	       (i % 64) & 1;
-}
-
 /* FN on each run of pages of the set (runs end at region ends). */
 static int for_each_run(struct uffdwp_snapshot *s,
 			int (*fn)(struct uffdwp_snapshot *s, uintptr_t addr,
@@ -91,7 +85,7 @@ static int for_each_run(struct uffdwp_snapshot *s,
 				i += (size_t)__builtin_ctzll(w);
 				continue;
 			}
-			while (j < n && set_bit(s, first + j))
+			while (j < n && uw_bit_test(s->set, first + j))
 				j++;
 			err = fn(s, (uintptr_t)s->rs.r[r].addr + i * psz,
 				 (j - i) * psz);

@@ -123,21 +123,13 @@ void uw_snap_abort(struct uffdwp_snapshot *s, int err)
 
 static bool in_huge(struct uffdwp_snapshot *s, size_t idx)
 {
-	return s->huge && (atomic_load_explicit(&s->huge[idx / 64],
-						memory_order_relaxed) >>
-			   (idx % 64) & 1);
-}
-
-static bool bit(const _Atomic uint64_t *map, size_t i)
-{
-	return atomic_load_explicit(&map[i / 64], memory_order_relaxed) >>
-	       (i % 64) & 1;
+	return s->huge && uw_bit_test(s->huge, idx);
 }
 
 /* Is page IDX in this snapshot? */
 static bool in_set(struct uffdwp_snapshot *s, size_t idx)
 {
-	return !s->set || bit(s->set, idx);
+	return !s->set || uw_bit_test(s->set, idx);
 }
 
 /* Where page IDX of the snapshot goes in a positional sink file: after
@@ -629,7 +621,7 @@ static bool chunk_in_set(struct uffdwp_snapshot *s, size_t first, size_t n)
 			i += 63;
 			continue;
 		}
-		if (bit(s->set, first + i))
+		if (uw_bit_test(s->set, first + i))
 			return true;
 	}
 	return !s->set;
