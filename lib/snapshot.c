@@ -567,6 +567,8 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 							memory_order_relaxed);
 	}
 	/* Protected pages cannot change: copy them as they are. */
+	bool read_memory = false;
+
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
 
@@ -574,12 +576,16 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 						     memory_order_relaxed) ==
 				ST_COPYING)
 			j++;
-		if (j > i)
+		if (j > i) {
 			memcpy(s->chunk + i * psz, (void *)(addr + i * psz),
 			       (j - i) * psz);
+			read_memory = true;
+		}
 		i = j + (j == i);
 	}
-	err = check_protected(s, addr, len);
+	/* Only pages read from memory can have been discarded under us. */
+	if (read_memory)
+		err = check_protected(s, addr, len);
 	for (size_t i = 0; i < n; i++) {
 		uint32_t now = settled(s, first + i);
 		int e = fetch_saved(s, first, i, now);
