@@ -129,17 +129,31 @@ static void report(const char *variant, const char *param, int rep,
  * fork's copy-on-write splits huge pages, so a shared arena would hand the
  * next variant split memory and "thp=on" would not measure huge pages.
  */
-static const char *only;		/* --variants: comma-separated names */
+#define NVARIANTS (sizeof(variants) / sizeof(variants[0]))
 
-static bool selected(const char *name)
+/* --variants: which variants run. */
+static bool use[NVARIANTS];
+
+/* --variants NAME[,NAME...] (LIST; NULL: all of them) into use[]; false on
+ * an unknown name. */
+static bool pick_variants(const char *list)
 {
-	size_t n = strlen(name);
+	memset(use, !list, sizeof(use));
+	for (const char *p = list; p && *p;) {
+		size_t n = strcspn(p, ","), v = 0;
 
-	for (const char *p = only; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
-		if (strcspn(p, ",") == n && !strncmp(p, name, n))
-			return true;
+		while (v < NVARIANTS && (strlen(variants[v].name) != n ||
+					 strncmp(variants[v].name, p, n)))
+			v++;
+		if (v == NVARIANTS) {
+			fprintf(stderr, "bench-snapshot: --variants: unknown variant '%.*s' (fork, uffdwp, uffdwp_cap1m, uffdwp_delta)\n",
+				(int)n, p);
+			return false;
+		}
+		use[v] = true;
+		p += n + (p[n] == ',');
 	}
-	return !only;
+	return true;
 }
 
 static int run_case(size_t mib, bool thp, int reps)
@@ -152,13 +166,13 @@ static int run_case(size_t mib, bool thp, int reps)
 	       param, thp ? "asked (MADV_HUGEPAGE)" : "refused (MADV_NOHUGEPAGE)");
 	fflush(stdout);
 	for (int rep = 0; rep < reps; rep++) {
-		for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+		for (size_t v = 0; v < NVARIANTS; v++) {
 			const struct variant *var = &variants[v];
 			struct wl_result res;
 			struct wl wl;
 			int err;
 
-			if (!selected(var->name))
+			if (!use[v])
 				continue;
 			err = wl_init(&wl, mib << 20, WRITERS, thp);
 			if (!err)
@@ -195,28 +209,15 @@ int main(int argc, char **argv)
 {
 	const char *sizes_opt = bench_take_opt(&argc, argv, "--sizes");
 	const char *thp_opt = bench_take_opt(&argc, argv, "--thp");
-
-	only = bench_take_opt(&argc, argv, "--variants");
+	const char *variants_opt = bench_take_opt(&argc, argv, "--variants");
 	size_t sizes[8] = { 256, 1024 }, nsizes = 2;
 	bool thp_off = true, thp_on = true;
 	struct bench_opts o;
 	int bad = 0;
 
 	bench_parse_args(argc, argv, &o, 5);
-	for (const char *p = only; p && *p;) {
-		size_t n = strcspn(p, ","), v = 0;
-
-		while (v < sizeof(variants) / sizeof(variants[0]) &&
-		       (strlen(variants[v].name) != n ||
-			strncmp(variants[v].name, p, n)))
-			v++;
-		if (v == sizeof(variants) / sizeof(variants[0])) {
-			fprintf(stderr, "bench-snapshot: --variants: unknown variant '%.*s' (fork, uffdwp, uffdwp_cap1m, uffdwp_delta)\n",
-				(int)n, p);
-			return 2;
-		}
-		p += n + (p[n] == ',');
-	}
+	if (!pick_variants(variants_opt))
+		return 2;
 	if (sizes_opt)
 		nsizes = bench_parse_list("--sizes", sizes_opt, sizes, 8, 16,
 					  4096, 2);
