@@ -488,7 +488,8 @@ out:
  * in block 1 and in block 3.  The delta holds exactly those two blocks
  * (1024 pages: the handler unprotects a huge block whole), every block is
  * still PMD-mapped after the writes and after the delta's instant, and
- * base + delta is the memory.
+ * base + delta is the memory.  Then block 2 is discarded whole (the zap
+ * of a protected huge PMD): the next delta holds its 512 pages, as zeroes.
  */
 static void t_thp(void)
 {
@@ -499,11 +500,11 @@ static void t_thp(void)
 	char *p = (char *)(((uintptr_t)raw + HPAGE_SIZE - 1) & ~(HPAGE_SIZE - 1));
 	char *img = map(len);
 	struct uffdwp_region r = { p, len }, dst = { img, len };
-	struct uffdwp_snapshot_stats s1 = { 0 };
+	struct uffdwp_snapshot_stats s1 = { 0 }, s2 = { 0 };
 	struct uffdwp_session *ss = NULL;
-	int fds[2] = { new_file(), new_file() };
+	int fds[3] = { new_file(), new_file(), new_file() };
 	long before, written = -1, after = -1;
-	bool same = false;
+	bool same = false, zapped = false;
 	int err;
 
 	if (skip_no_wp(name))
@@ -532,17 +533,27 @@ static void t_thp(void)
 	after = pmd_mapped_blocks(p, len);
 	if (!err)
 		same = !load_chain(fds, 2, &dst, 1, NULL) && !memcmp(img, p, len);
+	if (!err && madvise(p + 2 * HPAGE_SIZE, HPAGE_SIZE, MADV_DONTNEED))
+		err = -errno;
+	if (!err)
+		err = snap(ss, fds[2], 0, &s2);
+	if (!err)
+		zapped = !load_chain(fds, 3, &dst, 1, NULL) &&
+			 !memcmp(img, p, len) && !p[2 * HPAGE_SIZE + 100];
 	uffdwp_session_free(ss);
-	tap_check(!err && same && s1.pages == 2 * HPAGE_SIZE / psz &&
+	tap_check(!err && same && zapped && s1.pages == 2 * HPAGE_SIZE / psz &&
+		  s2.pages == HPAGE_SIZE / psz &&
 		  s1.huge_blocks == blocks && written == (long)blocks &&
 		  after == (long)blocks, name,
-		  "err %d, image %s, delta %llu pages (want %lu), %llu huge blocks at its instant, PMD-mapped after the writes %ld, after the delta %ld (of %zu)",
+		  "err %d, image %s, delta %llu pages (want %lu), %llu huge blocks at its instant, PMD-mapped after the writes %ld, after the delta %ld (of %zu); after a block's discard: image %s, delta %llu pages (want %lu)",
 		  err, same ? "same" : "differs", (unsigned long long)s1.pages,
 		  2 * HPAGE_SIZE / psz, (unsigned long long)s1.huge_blocks,
-		  written, after, blocks);
+		  written, after, blocks, zapped ? "same" : "differs",
+		  (unsigned long long)s2.pages, HPAGE_SIZE / psz);
 out:
 	close(fds[0]);
 	close(fds[1]);
+	close(fds[2]);
 	munmap(raw, len + HPAGE_SIZE);
 	munmap(img, len);
 }
