@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 bool ring_supported(void)
@@ -21,6 +22,32 @@ bool ring_supported(void)
 		return false;
 	close(fd);
 	return got & UFFD_FEATURE_WP_RING;
+}
+
+bool set_mode_supported(void)
+{
+	struct uffdio_api api = { .api = UFFD_API,
+				  .features = UFFD_FEATURE_WP_ASYNC };
+	int fd = syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+	bool ok;
+
+	if (fd < 0)
+		return false;
+	ok = !ioctl(fd, UFFDIO_API, &api) &&
+	     (api.ioctls & ((__u64)1 << _UFFDIO_SET_MODE));
+	close(fd);
+	return ok;
+}
+
+int uffd_set_async(int uffd, bool async)
+{
+	struct uffdio_set_mode m = { 0 };
+
+	if (async)
+		m.enable = UFFD_FEATURE_WP_ASYNC;
+	else
+		m.disable = UFFD_FEATURE_WP_ASYNC;
+	return ioctl(uffd, UFFDIO_SET_MODE, &m) ? -errno : 0;
 }
 
 int ring_open(struct uring_view *r, uint64_t entries, uint64_t extra)

@@ -49,6 +49,15 @@ struct uffdio_ring_reset {
 #ifndef UFFDIO_RING_RESET_DISCARD
 #define UFFDIO_RING_RESET_DISCARD		((__u64)1 << 1)
 #endif
+#ifndef UFFDIO_SET_MODE
+#define _UFFDIO_SET_MODE			(0x32)
+struct uffdio_set_mode {
+	__u64 enable;
+	__u64 disable;
+};
+#define UFFDIO_SET_MODE		_IOW(UFFDIO, _UFFDIO_SET_MODE, \
+				     struct uffdio_set_mode)
+#endif
 
 /* A ring as seen from user space: the mapping and the consumer's place. */
 struct uring_view {
@@ -61,6 +70,10 @@ struct uring_view {
 
 /* True when this kernel's UFFDIO_API offers the ring. */
 bool ring_supported(void);
+/* True when this kernel's UFFDIO_API offers UFFDIO_SET_MODE. */
+bool set_mode_supported(void);
+/* UFFDIO_SET_MODE switching UFFD_FEATURE_WP_ASYNC on (ASYNC) or off. */
+int uffd_set_async(int uffd, bool async);
 
 /*
  * Open a userfaultfd with WP_ASYNC | WP_RING (| EXTRA features), set up a
