@@ -28,6 +28,13 @@
  * metrics are 0: nothing writes during it); its rows are the delta's, plus
  * base_pause_us, base_total_ms, pause_vs_base and total_vs_base (the
  * delta's cost over the base's, same repetition) and delta_pages_pct.
+ * uffdwp_precopy: a session's base with pre-copy
+ * (uffdwp_session_precopy()) while the writer is paced at PRECOPY_RATE
+ * updates per ms, the same at every arena size; its pause is the
+ * instant's; rows precopy_rounds, precopy_pages_pct (what the rounds
+ * wrote), instant_pages_pct (what the instant protected) and
+ * fork_pause_over_pause (fork's pause in the same repetition over this
+ * one's, when fork ran).
  * Options: --quick, --reps N, --sizes MIB[,MIB...] (default 256,1024),
  * --thp on|off|both (default both), --variants NAME[,NAME...] (default
  * all).
@@ -60,18 +67,52 @@ static void row(const char *variant, const char *param, const char *metric,
 
 #define DELTA_PATH	"/tmp/bench-snapshot.delta"
 #define DELTA_PERMILLE	10
+/* uffdwp_precopy's writer: this many record updates per ms, whatever the
+ * arena's size (16 records to a page: about 500 pages a second). */
+#define PRECOPY_RATE	8
 
 /* The variants, in the order each repetition runs them. */
 static const struct variant {
 	const char *name;
-	enum { FORK, ONE_OFF, DELTA } kind;
+	enum { FORK, ONE_OFF, DELTA, PRECOPY } kind;
 	size_t cap;
 } variants[] = {
 	{ "fork", FORK, 0 },
 	{ "uffdwp", ONE_OFF, SIDE_CAP },
 	{ "uffdwp_cap1m", ONE_OFF, 1UL << 20 },
 	{ "uffdwp_delta", DELTA, SIDE_CAP },
+	{ "uffdwp_precopy", PRECOPY, SIDE_CAP },
 };
+
+/* fork's pause in the current repetition (0: fork did not run). */
+static double fork_pause_us;
+
+/* uffdwp_precopy: its rows beside the common ones. */
+static int run_precopy(struct wl *wl, const char *param, int rep,
+		       struct wl_result *res)
+{
+	struct uffdwp_snapshot_stats st = { 0 };
+	double pages = (double)(wl->len / (size_t)sysconf(_SC_PAGESIZE));
+	int err = wl_snap_precopy(wl, SNAP_PATH, res, &st);
+
+	if (err)
+		return err;
+	row("uffdwp_precopy", param, "precopy_rounds",
+	    (double)st.precopy_rounds, "count");
+	row("uffdwp_precopy", param, "precopy_pages_pct",
+	    100.0 * (double)st.precopy_pages / pages, "pct");
+	row("uffdwp_precopy", param, "instant_pages_pct",
+	    100.0 * (double)st.pages_copied / pages, "pct");
+	if (fork_pause_us > 0)
+		row("uffdwp_precopy", param, "fork_pause_over_pause",
+		    res->pause_us > 0 ? fork_pause_us / res->pause_us : 0,
+		    "ratio");
+	printf("# uffdwp_precopy %s rep %d: writer paced at %d updates/ms; %llu rounds wrote %llu pages, the instant protected %llu\n",
+	       param, rep, PRECOPY_RATE, (unsigned long long)st.precopy_rounds,
+	       (unsigned long long)st.precopy_pages,
+	       (unsigned long long)st.pages_copied);
+	return 0;
+}
 
 /* uffdwp_delta: the delta's rows and how it compares with its base. */
 static int run_delta(struct wl *wl, const char *param, int rep,
@@ -146,7 +187,7 @@ static bool pick_variants(const char *list)
 					 strncmp(variants[v].name, p, n)))
 			v++;
 		if (v == NVARIANTS) {
-			fprintf(stderr, "bench-snapshot: --variants: unknown variant '%.*s' (fork, uffdwp, uffdwp_cap1m, uffdwp_delta)\n",
+			fprintf(stderr, "bench-snapshot: --variants: unknown variant '%.*s' (fork, uffdwp, uffdwp_cap1m, uffdwp_delta, uffdwp_precopy)\n",
 				(int)n, p);
 			return false;
 		}
@@ -166,6 +207,7 @@ static int run_case(size_t mib, bool thp, int reps)
 	       param, thp ? "asked (MADV_HUGEPAGE)" : "refused (MADV_NOHUGEPAGE)");
 	fflush(stdout);
 	for (int rep = 0; rep < reps; rep++) {
+		fork_pause_us = 0;
 		for (size_t v = 0; v < NVARIANTS; v++) {
 			const struct variant *var = &variants[v];
 			struct wl_result res;
@@ -175,6 +217,8 @@ static int run_case(size_t mib, bool thp, int reps)
 			if (!use[v])
 				continue;
 			err = wl_init(&wl, mib << 20, WRITERS, thp);
+			if (var->kind == PRECOPY)
+				wl.rate_per_ms = PRECOPY_RATE;
 			if (!err)
 				err = wl_start(&wl);
 			if (!err) {
@@ -183,8 +227,12 @@ static int run_case(size_t mib, bool thp, int reps)
 				      wl_snap_fork(&wl, SNAP_PATH, &res) :
 				      var->kind == ONE_OFF ?
 				      wl_snap_uffdwp(&wl, SNAP_PATH, var->cap, &res) :
-				      run_delta(&wl, param, rep, &res);
+				      var->kind == DELTA ?
+				      run_delta(&wl, param, rep, &res) :
+				      run_precopy(&wl, param, rep, &res);
 			}
+			if (!err && var->kind == FORK)
+				fork_pause_us = res.pause_us;
 			unlink(SNAP_PATH);
 			wl_destroy(&wl);
 			if (err) {

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define UFFDWP_VERSION_MAJOR 0
-#define UFFDWP_VERSION_MINOR 2
+#define UFFDWP_VERSION_MINOR 3
 
 /*
  * uffdwp_version - the version of the library actually loaded, which may
@@ -97,6 +97,9 @@ struct uffdwp_features {
 	bool soft_dirty;	/* pagemap reports soft-dirty (bit 55); probed
 				 * without writing clear_refs */
 	bool thp;		/* transparent hugepages not "never" */
+	bool set_mode;		/* UFFDIO_SET_MODE switches WP between sync
+				 * and async on a live context (since 0.3;
+				 * it fills padding, the layout is 0.2's) */
 	size_t page_size;
 	uint64_t __reserved[8];	/* room to grow: zeroed by the library */
 };
@@ -204,7 +207,9 @@ struct uffdwp_snapshot_stats {
 				 * besides being woken) */
 	uint64_t epoch;		/* sessions: this snapshot's epoch (0 for
 				 * one-off snapshots) */
-	uint64_t __reserved[2];	/* room to grow: zeroed by the library */
+	uint64_t precopy_rounds; /* uffdwp_session_precopy(): rounds copied
+				  * before the instant (since 0.3) */
+	uint64_t precopy_pages;	/* pages those rounds wrote (since 0.3) */
 };
 
 struct uffdwp_snapshot;
@@ -359,6 +364,55 @@ int uffdwp_session_wait(struct uffdwp_session *ss, int timeout_ms);
  * -EINVAL or -ENOENT (no snapshot yet).  Thread safety: any thread. */
 int uffdwp_session_stats(struct uffdwp_session *ss,
 			 struct uffdwp_snapshot_stats *st);
+
+/*
+ * Pre-copy (since 0.3): a session's base snapshot whose pause follows what
+ * is written while it is taken, not the size of the regions, as live
+ * migration does it.  Needs a kernel with UFFDIO_SET_MODE and the
+ * write-log ring (uffdwp_features.set_mode and .wp_ring) and WP on
+ * unpopulated pages; FD must be a regular file opened without O_APPEND
+ * (rounds write pages where they belong).
+ *
+ * The pages are copied while the writers run, in rounds: the first writes
+ * every page, each later one the pages written since the previous one
+ * (found in the ring, with no fault handled by the library: the kernel
+ * resolves the writes in async mode).  When a round finds at most
+ * TARGET_PAGES pages, or no fewer than the previous round, or after
+ * MAX_ROUNDS rounds, the instant switches the userfaultfd to sync mode
+ * and protects only the pages written since the last round; those are
+ * then saved before their first write, as in any snapshot.  The file is a
+ * base (every page, UFFDWP_FILE_BASE) holding the memory at that instant.
+ * A write into a PMD-mapped huge page during the rounds splits its
+ * mapping (async WP resolves 4 KiB at a time).
+ */
+struct uffdwp_precopy_opts {
+	uint64_t target_pages;	/* 0: 1024 */
+	unsigned int max_rounds; /* including the first; 0: 8 */
+	unsigned int flags;	/* must be 0 */
+	uint64_t __reserved[6];	/* must be zero */
+};
+
+/*
+ * uffdwp_session_precopy - take the session's next snapshot as a base with
+ * pre-copy into FD from its current offset.  Runs the rounds in the
+ * calling thread (which must not write the regions) and returns at the
+ * instant, like uffdwp_session_snapshot(); uffdwp_session_wait() waits
+ * for the last pages.  Stats: pause_ns is the instant alone,
+ * precopy_rounds and precopy_pages what came before it; PAGES counts
+ * every page of the file, PAGES_COPIED those of the last set.  The session
+ * goes on in sync mode; its next snapshot is a delta.  OPTS may be NULL.
+ * Returns 0 or:
+ *   -EINVAL   NULL SS, FD < 0 or not a regular file without O_APPEND,
+ *             non-zero flags or reserved words;
+ *   -EOPNOTSUPP  no UFFDIO_SET_MODE or ring (or the session was created
+ *             with UFFDWP_SNAP_NO_UNPOPULATED);
+ *   -EBUSY    the previous snapshot has not finished;
+ *   -ENOMEM, the -errno of pwrite(2) on FD, or what the kernel returned:
+ *             the session then stays usable, its next snapshot a base.
+ * Thread safety: as uffdwp_session_snapshot().
+ */
+int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
+			   const struct uffdwp_precopy_opts *opts);
 
 /* uffdwp_session_dirty - pages written since the last snapshot instant
  * (what the next delta would store), or -EINVAL.  Thread safety: any

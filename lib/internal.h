@@ -81,7 +81,7 @@ struct uw_file_header {
  * to a page. */
 size_t uw_file_data_off(size_t nregions, size_t pages_total, size_t psz);
 /* Fill BUF (uw_file_data_off() bytes) for a file of RS storing the pages
- * set in MAP (PAGES of them). */
+ * set in MAP (PAGES of them; every page when MAP is NULL). */
 void uw_file_prefix(char *buf, const struct uw_regions *rs,
 		    const _Atomic uint64_t *map, uint32_t kind,
 		    uint64_t session, uint64_t epoch, uint64_t pages);

@@ -51,6 +51,20 @@ static bool probe_pagemap_scan(void)
 	return ok;
 }
 
+/* UFFDIO_SET_MODE with nothing to switch succeeds where it exists. */
+static bool probe_set_mode(void)
+{
+	struct uffdio_set_mode m = { 0 };
+	int fd = uffdwp_open(0, UFFD_FEATURE_WP_ASYNC, NULL);
+	bool ok;
+
+	if (fd < 0)
+		return false;
+	ok = !uw_ioctl(fd, UFFDIO_SET_MODE, &m);
+	close(fd);
+	return ok;
+}
+
 static int pagemap_soft_dirty(int fd, void *addr)
 {
 	uint64_t e;
@@ -113,6 +127,7 @@ static void probe(struct uffdwp_features *f)
 	f->wp_async = f->wp && (f->api_features & UFFD_FEATURE_WP_ASYNC);
 	f->pagemap_scan = probe_pagemap_scan();
 	f->wp_ring = f->wp_async && (f->api_features & UFFD_FEATURE_WP_RING);
+	f->set_mode = f->wp_async && probe_set_mode();
 	/* Never clear the bits under a live soft-dirty tracker. */
 	f->soft_dirty = uw_soft_dirty_in_use() ? cached.soft_dirty :
 		       probe_soft_dirty();
@@ -161,6 +176,7 @@ int uffdwp_feature_names(const struct uffdwp_features *f, char *buf,
 		{ offsetof(struct uffdwp_features, wp_ring), "wp-ring" },
 		{ offsetof(struct uffdwp_features, soft_dirty), "soft-dirty" },
 		{ offsetof(struct uffdwp_features, thp), "thp" },
+		{ offsetof(struct uffdwp_features, set_mode), "set-mode" },
 	};
 	size_t n = 0;
 

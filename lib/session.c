@@ -49,13 +49,13 @@ int uffdwp_session_new(struct uffdwp_session **out,
 }
 
 /* Keep the handler from reading messages (faults and discards queue in
- * the kernel) until release_handler(). */
-static void hold_handler(struct uffdwp_snapshot *s)
+ * the kernel) until uw_session_release(). */
+void uw_session_hold(struct uffdwp_snapshot *s)
 {
 	pthread_mutex_lock(&s->instant_lock);
 }
 
-static void release_handler(struct uffdwp_snapshot *s)
+void uw_session_release(struct uffdwp_snapshot *s)
 {
 	pthread_mutex_unlock(&s->instant_lock);
 }
@@ -183,16 +183,10 @@ static int fail_instant(struct uffdwp_snapshot *s, int err)
 	return err;
 }
 
-int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
-			    unsigned int flags)
+int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
 {
-	struct uffdwp_snapshot *s = of(ss);
-	uint64_t t_start = uw_now_ns(), t0, pages;
-	bool base, busy;
-	int err;
+	bool busy;
 
-	if (!ss || fd < 0 || (flags & ~UFFDWP_SESSION_BASE))
-		return -EINVAL;
 	pthread_mutex_lock(&s->lock);
 	busy = !s->done;
 	pthread_mutex_unlock(&s->lock);
@@ -203,18 +197,33 @@ int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 		s->copier_started = false;
 	}
 	s->opts.sink_fd = fd;
-	err = uw_snap_setup_spill(s);
-	if (err)
-		return err;
-	uw_snap_find_huge(s);
+	return uw_snap_setup_spill(s);
+}
 
-	hold_handler(s);
+int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
+		       int (*prepare)(struct uffdwp_snapshot *s, void *arg),
+		       void *arg)
+{
+	uint64_t t0, pages;
+	int err = 0;
+
+	uw_snap_find_huge(s);
+	uw_session_hold(s);
 	t0 = uw_now_ns();
-	base = s->need_base || (flags & UFFDWP_SESSION_BASE);
+	if (prepare)
+		err = prepare(s, arg);
+	if (err) {
+		uw_session_release(s);
+		return fail_instant(s, err);
+	}
+	/* A pre-copy's set is what was written since its last round. */
+	base = !s->full_layout && (s->need_base || base);
 	pages = take_set(s, base);
 	reset_slots(s);
-	reset_stats(s, pages, base, t_start);
-	err = 0;
+	/* A pre-copy's file is a base: every page, most of them written
+	 * already, the set's pages by this copier. */
+	reset_stats(s, s->full_layout ? s->rs.pages : pages,
+		    base || s->full_layout, t_start);
 	if (!s->st.used_unpopulated)
 		err = for_each_run(s, populate_run);
 	if (!err)
@@ -223,7 +232,7 @@ int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 		s->need_base = false;
 		s->taken++;
 	}
-	release_handler(s);
+	uw_session_release(s);
 	pthread_mutex_lock(&s->lock);
 	s->st.pause_ns = uw_now_ns() - t0;
 	pthread_mutex_unlock(&s->lock);
@@ -239,6 +248,23 @@ int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
+}
+
+int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
+			    unsigned int flags)
+{
+	struct uffdwp_snapshot *s = of(ss);
+	uint64_t t_start = uw_now_ns();
+	int err;
+
+	if (!ss || fd < 0 || (flags & ~UFFDWP_SESSION_BASE))
+		return -EINVAL;
+	err = uw_session_prepare(s, fd);
+	if (err)
+		return err;
+	s->full_layout = false;
+	return uw_session_instant(s, flags & UFFDWP_SESSION_BASE, t_start,
+				  NULL, NULL);
 }
 
 int uffdwp_session_wait(struct uffdwp_session *ss, int timeout_ms)

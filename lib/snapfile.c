@@ -57,7 +57,11 @@ void uw_file_prefix(char *buf, const struct uw_regions *rs,
 		rg[2 * i + 1] = rs->r[i].len;
 	}
 	for (size_t w = 0; w < words; w++)
-		bm[w] = atomic_load_explicit(&map[w], memory_order_relaxed);
+		bm[w] = !map ? ~0ULL :
+			atomic_load_explicit(&map[w], memory_order_relaxed);
+	/* A full map (MAP NULL) has no bits past the last page. */
+	if (!map && rs->pages % 64)
+		bm[words - 1] = (1ULL << (rs->pages % 64)) - 1;
 }
 
 /* LEN bytes from FD into P: at OFF with pread(2), or with read(2) from

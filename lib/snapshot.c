@@ -138,7 +138,7 @@ static off_t file_off(struct uffdwp_snapshot *s, size_t idx)
 {
 	size_t r = idx;
 
-	if (s->set) {
+	if (s->set && !s->full_layout) {
 		uint64_t below = (1ULL << (idx % 64)) - 1;
 
 		r = s->rank[idx / 64] + (size_t)__builtin_popcountll(
@@ -391,8 +391,11 @@ static bool handle_batch(struct uffdwp_snapshot *s)
 			continue;
 		if (s->session)
 			pthread_mutex_lock(&s->instant_lock);
-		handle_fault(s, (uintptr_t)msg[i].arg.pagefault.address &
-				~(uintptr_t)(uw_page_size() - 1));
+		/* In async mode (pre-copy) the kernel resolved this write and
+		 * logged it; unprotecting now could undo a later protect. */
+		if (!s->async_mode)
+			handle_fault(s, (uintptr_t)msg[i].arg.pagefault.address &
+					~(uintptr_t)(uw_page_size() - 1));
 		if (s->session)
 			pthread_mutex_unlock(&s->instant_lock);
 	}
@@ -638,8 +641,8 @@ static int write_prefix(struct uffdwp_snapshot *s)
 {
 	if (!s->prefix)
 		return 0;
-	uw_file_prefix(s->prefix, &s->rs, s->set, s->kind, s->session_id,
-		       s->st.epoch, s->st.pages);
+	uw_file_prefix(s->prefix, &s->rs, s->full_layout ? NULL : s->set,
+		       s->kind, s->session_id, s->st.epoch, s->st.pages);
 	return io_all(s->opts.sink_fd, s->prefix, (size_t)s->data_off,
 		      s->spill_base, s->sink_positional ? IO_PWRITE : IO_WRITE);
 }
@@ -841,6 +844,8 @@ void uw_snap_destroy(struct uffdwp_snapshot *s)
 		uw_snap_unprotect_all(s);
 		uw_unregister(s->uffd, &s->rs);
 	}
+	if (s->ring)
+		munmap(s->ring, s->ring_len);
 	if (s->uffd >= 0)
 		close(s->uffd);
 	if (s->stop_fd >= 0)
@@ -889,6 +894,61 @@ static int discard(struct uffdwp_snapshot *s, int err)
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	uw_snap_destroy(s);
+	return err;
+}
+
+/*
+ * A userfaultfd with FEATURES for S, or -errno.  Kernel-mode faults by
+ * default: read(2) or recv(2) into a page the copier has not reached must
+ * wait for it like a user write, not fail with EFAULT.  Only where the
+ * process may not handle them fall back to user-mode-only, and say so in
+ * the stats.
+ */
+static int open_uffd(struct uffdwp_snapshot *s, uint64_t features)
+{
+	int fd = -EPERM;
+
+	s->st.user_mode_only = false;
+	if (!(s->opts.flags & UFFDWP_SNAP_USER_MODE_ONLY))
+		fd = uffdwp_open(UFFDWP_OPEN_KERNEL_FAULTS, features, NULL);
+	if (fd == -EPERM && !(s->opts.flags & UFFDWP_SNAP_KERNEL_FAULTS)) {
+		s->st.user_mode_only = true;
+		fd = uffdwp_open(0, features, NULL);
+	}
+	return fd;
+}
+
+/*
+ * Give S's new userfaultfd (WP_ASYNC | WP_RING) its ring, before any
+ * registration, and put it in sync mode.  The ring holds an entry per
+ * page up to 64Ki entries, fewer where vm.uffd_ring_max_entries or memory
+ * says so; a pre-copy round that writes more falls back to a scan.
+ */
+static int attach_ring(struct uffdwp_snapshot *s)
+{
+	struct uffdio_ring_setup rs = { .entries = 64 };
+	struct uffdio_set_mode sync = { .disable = UFFD_FEATURE_WP_ASYNC };
+	void *p;
+	int err;
+
+	while (rs.entries < s->rs.pages && rs.entries < (1u << 16))
+		rs.entries <<= 1;
+	while ((err = uw_ioctl(s->uffd, UFFDIO_RING_SETUP, &rs)) &&
+	       (err == -EPERM || err == -ENOMEM) && rs.entries > 64)
+		rs.entries >>= 1;
+	if (err)
+		return err;
+	p = mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, s->uffd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	s->ring = p;
+	s->ring_len = rs.mmap_size;
+	s->ring_consumer = 0;
+	err = uw_ioctl(s->uffd, UFFDIO_SET_MODE, &sync);
+	if (err) {
+		munmap(p, rs.mmap_size);
+		s->ring = NULL;
+	}
 	return err;
 }
 
@@ -947,22 +1007,22 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 				 !(opts->flags & UFFDWP_SNAP_NO_UNPOPULATED);
 	if (s->st.used_unpopulated)
 		features |= UFFD_FEATURE_WP_UNPOPULATED;
-	/*
-	 * Kernel-mode faults by default: read(2) or recv(2) into a page the
-	 * copier has not reached must wait for it like a user write, not fail
-	 * with EFAULT.  Only where the process may not handle them fall back
-	 * to user-mode-only, and say so in the stats.
-	 */
-	err = -EPERM;
-	if (!(opts->flags & UFFDWP_SNAP_USER_MODE_ONLY))
-		err = uffdwp_open(UFFDWP_OPEN_KERNEL_FAULTS, features, NULL);
-	if (err == -EPERM && !(opts->flags & UFFDWP_SNAP_KERNEL_FAULTS)) {
-		s->st.user_mode_only = true;
-		err = uffdwp_open(0, features, NULL);
+	/* A session that can pre-copy: async WP and the ring, switched to
+	 * sync until a pre-copy asks for async (falls back without). */
+	if (session && f.set_mode && f.wp_ring && s->st.used_unpopulated) {
+		s->uffd = open_uffd(s, features | UFFD_FEATURE_WP_ASYNC |
+				       UFFD_FEATURE_WP_RING);
+		if (s->uffd >= 0 && attach_ring(s)) {
+			close(s->uffd);
+			s->uffd = -1;
+		}
 	}
-	if (err < 0)
-		goto fail;
-	s->uffd = err;
+	if (s->uffd < 0) {
+		err = open_uffd(s, features);
+		if (err < 0)
+			goto fail;
+		s->uffd = err;
+	}
 	err = alloc_buffers(s, opts->side_cap ? opts->side_cap : DEFAULT_CAP);
 	if (err)
 		goto fail;

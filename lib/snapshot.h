@@ -81,6 +81,21 @@ struct uffdwp_snapshot {
 	char *prefix;
 	off_t data_off;
 
+	/*
+	 * Pre-copy (precopy.c): a session's userfaultfd also has the
+	 * write-log ring (RING, RING_LEN; the entries below RING_CONSUMER
+	 * are consumed) and may switch to async WP.  ASYNC_MODE: it is in
+	 * async mode, so a fault message is stale (its write was resolved by
+	 * the kernel after the switch) and the handler leaves it alone; set
+	 * and read under INSTANT_LOCK.  FULL_LAYOUT: the file stores every
+	 * page at its index (a base) while SET holds only the pages the
+	 * copier still has to write.
+	 */
+	void *ring;
+	size_t ring_len;
+	uint64_t ring_consumer;
+	bool async_mode, full_layout;
+
 	struct uffdwp_snapshot_stats st;
 	uint64_t t_start;
 };
@@ -106,5 +121,21 @@ int uw_snap_unprotect_all(struct uffdwp_snapshot *s);
 void uw_snap_abort(struct uffdwp_snapshot *s, int err);
 /* Mark the snapshot done with ERR and wake its waiters. */
 void uw_snap_finish(struct uffdwp_snapshot *s, int err);
+
+
+/*
+ * Sessions (session.c), as the pre-copy (precopy.c) uses them.
+ * uw_session_prepare: -EBUSY while a snapshot runs; else join its copier
+ * and make FD the sink.  uw_session_hold/release: the handler's instant
+ * lock.  uw_session_instant: the instant (PREPARE first, under the
+ * instant lock: it may add pages to the dirty bitmap or fail it), then
+ * the copier's start; 0 or -errno (the next snapshot is then a base).
+ */
+int uw_session_prepare(struct uffdwp_snapshot *s, int fd);
+void uw_session_hold(struct uffdwp_snapshot *s);
+void uw_session_release(struct uffdwp_snapshot *s);
+int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
+		       int (*prepare)(struct uffdwp_snapshot *s, void *arg),
+		       void *arg);
 
 #endif

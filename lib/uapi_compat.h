@@ -97,6 +97,18 @@ struct uffdio_ring_reset {
 #define UFFDIO_RING_RESET_DISCARD (1ULL << 1)
 #endif
 
+/* Switching WP between sync and async on a live context (kernel/patches
+ * "userfaultfd: add UFFDIO_SET_MODE ..."); a kernel without it says
+ * EINVAL. */
+#ifndef UFFDIO_SET_MODE
+#define _UFFDIO_SET_MODE	(0x32)
+struct uffdio_set_mode {
+	__u64 enable;
+	__u64 disable;
+};
+#define UFFDIO_SET_MODE _IOW(UFFDIO, _UFFDIO_SET_MODE, struct uffdio_set_mode)
+#endif
+
 /* Not part of the kernel's uAPI: entries keep flags below the page size. */
 #ifndef UFFD_RING_ENTRY_ADDR_MASK
 #define UFFD_RING_ENTRY_ADDR_MASK (~0xfffULL)

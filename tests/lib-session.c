@@ -68,26 +68,6 @@ static int snap(struct uffdwp_session *ss, int fd, unsigned int flags,
 	return err;
 }
 
-/* Load the NFILES files (each read from offset 0) into DST in order. */
-static int load_chain(const int *fds, int nfiles,
-		      const struct uffdwp_region *dst, size_t nr,
-		      struct uffdwp_snapshot_info *last)
-{
-	struct uffdwp_snapshot_info prev, info;
-	int err = 0;
-
-	for (int i = 0; i < nfiles && !err; i++) {
-		if (lseek(fds[i], 0, SEEK_SET) < 0)
-			return -errno;
-		err = uffdwp_snapshot_load(fds[i], dst, nr, i ? &prev : NULL,
-					   &info);
-		prev = info;
-	}
-	if (!err && last)
-		*last = info;
-	return err;
-}
-
 /* ---- base and deltas, no concurrent writers ---- */
 
 static void t_base_delta(void)

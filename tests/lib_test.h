@@ -6,6 +6,7 @@
  *  - F, the features uffdwp_probe() found (main() fills it), and
  *    skip_no_wp(): skip a case on a kernel without sync WP;
  *  - fill(): a pattern that differs per 8 bytes and per seed;
+ *  - load_chain(): snapshot files loaded in order (a base, its deltas);
  *  - the gate: libuffdwp's test seam (lib/internal.h) is
  *    uw_snap_before_chunk, which the copier calls before each chunk.
  *    gate_hold() makes it wait until gate_open(); gate_remove() also takes
@@ -69,6 +70,26 @@ static inline void fill(char *p, size_t len, unsigned int seed)
 {
 	for (size_t i = 0; i < len; i += 8)
 		*(uint64_t *)(p + i) = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+}
+
+/* Load the NFILES files (each read from offset 0) into DST in order. */
+static inline int load_chain(const int *fds, int nfiles,
+		      const struct uffdwp_region *dst, size_t nr,
+		      struct uffdwp_snapshot_info *last)
+{
+	struct uffdwp_snapshot_info prev, info;
+	int err = 0;
+
+	for (int i = 0; i < nfiles && !err; i++) {
+		if (lseek(fds[i], 0, SEEK_SET) < 0)
+			return -errno;
+		err = uffdwp_snapshot_load(fds[i], dst, nr, i ? &prev : NULL,
+					   &info);
+		prev = info;
+	}
+	if (!err && last)
+		*last = info;
+	return err;
 }
 
 extern void (*uw_snap_before_chunk)(void);

@@ -77,6 +77,8 @@ struct wl {
 	unsigned int progress_ms;
 	unsigned int write_ms;		/* stop the writers this long after
 					   the snapshot instant (0: never) */
+	unsigned int rate_per_ms;	/* each writer's updates per ms
+					   (0: as fast as it can) */
 };
 
 struct wl_result {
@@ -148,10 +150,18 @@ static inline void *wl_writer_main(void *arg)
 {
 	struct wl_writer *me = arg;
 	struct wl *wl = me->wl;
-	uint64_t s = atomic_load(&me->done_seq);
+	uint64_t s = atomic_load(&me->done_seq), s0 = s, start = wl_now_ns();
 
 	while (!atomic_load_explicit(&wl->stop, memory_order_relaxed)) {
 		uint64_t t0 = wl_now_ns(), d;
+
+		/* A paced writer: no more than RATE_PER_MS updates per ms
+		 * since it started (it catches up after a stall). */
+		if (wl->rate_per_ms &&
+		    (s - s0) >= (t0 - start) / 1000000 * wl->rate_per_ms) {
+			sched_yield();
+			continue;
+		}
 
 		wl_update(wl, me, ++s);
 		atomic_store_explicit(&me->done_seq, s, memory_order_release);
@@ -605,6 +615,60 @@ static inline int wl_load(int fd, void *image, size_t len,
 	if (lseek(fd, 0, SEEK_SET) < 0)
 		return -errno;
 	return uffdwp_snapshot_load(fd, &dst, 1, prev, info);
+}
+
+/*
+ * A libuffdwp session's base taken with pre-copy into PATH (a regular
+ * file) while the writers run: RES as for any snapshot (the pause is the
+ * instant's), plus the library's stats in *ST; the file is loaded back and
+ * checked against the instant (RES->verified).
+ */
+static inline int wl_snap_precopy(struct wl *wl, const char *path,
+				  struct wl_result *res,
+				  struct uffdwp_snapshot_stats *st)
+{
+	uint64_t lo[wl->nw], hi[wl->nw], t0;
+	struct uffdwp_region r = { wl->arena, wl->len };
+	struct uffdwp_session *ss = NULL;
+	struct uffdwp_snapshot_info info;
+	void *image;
+	int fd, err;
+
+	memset(res, 0, sizeof(*res));
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	image = mmap(NULL, wl->len, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	err = image == MAP_FAILED ? -ENOMEM :
+	      uffdwp_session_new(&ss, &r, 1, NULL);
+	wl_measure(wl, true);
+	wl_seqs(wl, lo);
+	t0 = wl_now_ns();
+	if (!err)
+		err = uffdwp_session_precopy(ss, fd, NULL);
+	wl_seqs(wl, hi);
+	if (!err)
+		err = uffdwp_session_wait(ss, -1);
+	res->total_ms = (wl_now_ns() - t0) / 1e6;
+	res->write_ms = res->total_ms;
+	wl_measure(wl, false);
+	if (!err)
+		err = uffdwp_session_stats(ss, st);
+	if (!err)
+		wl_take_stats(wl, st, res);
+	if (!err)
+		err = wl_load(fd, image, wl->len, NULL, &info);
+	if (!err)
+		res->verified = wl_verify(wl, image, lo, hi, res);
+	uffdwp_session_free(ss);
+	if (image != MAP_FAILED)
+		munmap(image, wl->len);
+	close(fd);
+	if (err)
+		snprintf(res->why, sizeof(res->why), "pre-copy failed: %s",
+			 strerror(-err));
+	return err;
 }
 
 /*

@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
+/*
+ * precopy.c: a session's base snapshot taken with pre-copy, so that the
+ * pause follows what is written while it is taken, not the regions' size.
+ *
+ * The session's userfaultfd has the write-log ring and can switch between
+ * sync and async write protection (UFFDIO_SET_MODE, kernel/patches).
+ *
+ *  1. Holding the handler: switch to async mode (a fault message still
+ *     queued from sync mode is now stale: the handler skips faults while
+ *     ASYNC_MODE is set), drop the ring's old entries, protect every page
+ *     (empty ones get markers) and forget the dirty bitmap.
+ *  2. Round 0 writes every page to the file at its index, from live
+ *     memory.  A page written after step 1 is logged in the ring before
+ *     the write lands, so a torn copy is always copied again.
+ *  3. Each later round reads the ring's new entries, protects their pages
+ *     again with UFFDIO_RING_RESET, and only then writes those pages.  On
+ *     overflow the entries are discarded and a PAGEMAP_SCAN that protects
+ *     as it reports (PM_SCAN_WP_MATCHING) finds the written pages instead.
+ *     Rounds end when one finds at most TARGET_PAGES pages, stops
+ *     shrinking, or MAX_ROUNDS were done.
+ *  4. The instant (session.c) with the handler held: switch to sync mode;
+ *     when that returns every async resolution is in the ring.  The
+ *     ring's entries since the last round (or, after an overflow, every
+ *     page that is not protected) go into the dirty bitmap, the session
+ *     makes them the snapshot's set and protects them again.  When the
+ *     handler is let go, the copier writes the set's pages at their
+ *     indexes, saving each before its first write as any snapshot does.
+ *
+ * Every other page was written by a round after its last protection and
+ * has stayed protected and unwritten since, so the file holds every page
+ * as it was at the instant.  The session then goes on in sync mode.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "snapshot.h"
+
+#define DEFAULT_TARGET	1024
+#define DEFAULT_ROUNDS	8
+#define WRITE_MAX	(16UL << 10)	/* as the copier's sink writes */
+#define SCAN_VEC	256
+
+struct round {
+	struct uffdwp_snapshot *s;
+	_Atomic uint64_t *map;	/* the round's pages */
+	uint64_t pages;
+};
+
+static int set_async(struct uffdwp_snapshot *s, bool on)
+{
+	struct uffdio_set_mode m = { 0 };
+
+	if (on)
+		m.enable = UFFD_FEATURE_WP_ASYNC;
+	else
+		m.disable = UFFD_FEATURE_WP_ASYNC;
+	return uw_ioctl(s->uffd, UFFDIO_SET_MODE, &m);
+}
+
+static const struct uffd_ring_header *hdr(struct uffdwp_snapshot *s)
+{
+	return s->ring;
+}
+
+static void mark(_Atomic uint64_t *map, struct uffdwp_snapshot *s,
+		 uintptr_t addr, size_t len)
+{
+	size_t psz = uw_page_size();
+
+	for (uintptr_t a = addr & ~(uintptr_t)(psz - 1); a < addr + len;
+	     a += psz) {
+		long idx = uw_page_index(&s->rs, a);
+
+		if (idx >= 0)
+			uw_bit_set(map, (size_t)idx);
+	}
+}
+
+static void mark_scanned(void *arg, uintptr_t start, uintptr_t end)
+{
+	struct round *r = arg;
+
+	mark(r->map, r->s, start, end - start);
+}
+
+/* The entries from the consumer index up to PROD into MAP. */
+static void mark_entries(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
+			 uint64_t prod)
+{
+	const struct uffd_ring_header *h = hdr(s);
+	const uint64_t *ent = (const uint64_t *)((const char *)h +
+						 h->entry_offset);
+
+	for (uint64_t i = s->ring_consumer; i < prod; i++) {
+		uint64_t e = ent[i & (h->entries - 1)];
+
+		mark(map, s, e & UFFD_RING_ENTRY_ADDR_MASK,
+		     e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE : uw_page_size());
+	}
+}
+
+/*
+ * The pages written since the last harvest into MAP.  PROTECT: protect
+ * them again before returning (a round, in async mode); else leave that
+ * to the instant (sync mode).  0 or -errno.
+ */
+static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
+		   bool protect)
+{
+	const struct uffd_ring_header *h = hdr(s);
+	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
+	bool overflow = (__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
+			 UFFD_RING_OVERFLOW) ||
+			prod - s->ring_consumer > h->entries;
+	struct uffdio_ring_reset rr = { .consumer = prod };
+	struct page_region vec[SCAN_VEC];
+	struct round r = { s, map, 0 };
+	int err;
+
+	if (!overflow)
+		mark_entries(s, map, prod);
+	/*
+	 * Without an overflow a round's reset protects the logged pages
+	 * again; the instant protects its set itself.  After an overflow
+	 * the scan below does the work, so the entries are only dropped.
+	 */
+	if (overflow || !protect)
+		rr.flags = UFFDIO_RING_RESET_DISCARD |
+			   UFFDIO_RING_RESET_CLEAR_OVERFLOW;
+	err = uw_ioctl(s->uffd, UFFDIO_RING_RESET, &rr);
+	if (err)
+		return err;
+	s->ring_consumer = prod;
+	if (!overflow)
+		return 0;
+	if (s->pagemap_fd < 0)
+		return -EOPNOTSUPP;
+	/* Every page not protected was written: in a round, protect it as
+	 * it is reported; at the instant, only report it. */
+	return uw_scan_regions(s->pagemap_fd, &s->rs,
+			       protect ? PM_SCAN_WP_MATCHING |
+					 PM_SCAN_CHECK_WPASYNC : 0,
+			       PAGE_IS_WRITTEN, vec, SCAN_VEC, mark_scanned,
+			       &r);
+}
+
+/* Write the pages set in MAP (clearing it) to the file, each at its
+ * index.  Returns the number of pages or -errno. */
+static int64_t write_marked(struct uffdwp_snapshot *s, _Atomic uint64_t *map)
+{
+	size_t psz = uw_page_size();
+	off_t base = s->spill_base + s->data_off;
+	int64_t n = 0;
+
+	for (size_t i = 0; i < s->rs.pages;) {
+		size_t j = i;
+
+		if (!(i % 64) && !atomic_load_explicit(&map[i / 64],
+						       memory_order_relaxed)) {
+			i += 64;
+			continue;
+		}
+		while (j < s->rs.pages && uw_bit_test(map, j))
+			j++;
+		if (j == i) {
+			i++;
+			continue;
+		}
+		/* a run stays inside one region page-index-wise, but two
+		 * regions may be adjacent in the index: split at their ends */
+		for (size_t k = i; k < j;) {
+			uintptr_t a = uw_page_addr(&s->rs, k);
+			size_t m = 1;
+
+			while (k + m < j && uw_page_addr(&s->rs, k + m) ==
+					    a + m * psz)
+				m++;
+			for (size_t done = 0; done < m * psz;) {
+				size_t piece = m * psz - done;
+				ssize_t w;
+
+				if (piece > WRITE_MAX)
+					piece = WRITE_MAX;
+				w = pwrite(s->opts.sink_fd, (char *)a + done,
+					   piece, base + (off_t)(k * psz + done));
+				if (w < 0 && errno == EINTR)
+					continue;
+				if (w < 0)
+					return -errno;
+				if (w == 0)
+					return -ENOSPC;
+				done += (size_t)w;
+			}
+			k += m;
+		}
+		for (size_t k = i; k < j; k++)
+			atomic_fetch_and_explicit(&map[k / 64],
+						  ~(1ULL << (k % 64)),
+						  memory_order_relaxed);
+		n += (int64_t)(j - i);
+		i = j;
+	}
+	return n;
+}
+
+/* Step 1: async mode, old entries dropped, every page protected. */
+static int start_tracking(struct uffdwp_snapshot *s)
+{
+	const struct uffd_ring_header *h = hdr(s);
+	struct uffdio_ring_reset rr;
+	int err;
+
+	uw_session_hold(s);
+	err = set_async(s, true);
+	if (!err) {
+		s->async_mode = true;
+		rr = (struct uffdio_ring_reset){
+			.consumer = __atomic_load_n(&h->producer,
+						    __ATOMIC_ACQUIRE),
+			.flags = UFFDIO_RING_RESET_DISCARD |
+				 UFFDIO_RING_RESET_CLEAR_OVERFLOW,
+		};
+		err = uw_ioctl(s->uffd, UFFDIO_RING_RESET, &rr);
+		if (!err)
+			s->ring_consumer = rr.consumer;
+	}
+	for (size_t i = 0; !err && i < s->rs.nr; i++)
+		err = uw_protect(s->uffd, (uintptr_t)s->rs.r[i].addr,
+				 s->rs.r[i].len, true, false);
+	/* No snapshot runs: every page settled, none in a set yet. */
+	for (size_t i = 0; !err && i < s->rs.pages; i++)
+		atomic_store_explicit(&s->state[i], ST_DONE,
+				      memory_order_relaxed);
+	for (size_t w = 0; !err && w < s->words; w++) {
+		atomic_store_explicit(&s->set[w], 0, memory_order_relaxed);
+		atomic_store_explicit(&s->dirty[w], 0, memory_order_relaxed);
+	}
+	uw_session_release(s);
+	return err;
+}
+
+/* A failed pre-copy: back to sync mode, the next snapshot a base.  The
+ * pages stay protected; the handler notes and releases their writes. */
+static int stop_tracking(struct uffdwp_snapshot *s, int err)
+{
+	uw_session_hold(s);
+	if (s->async_mode && !set_async(s, false))
+		s->async_mode = false;
+	s->need_base = true;
+	uw_session_release(s);
+	return err;
+}
+
+/* Step 4's part under the instant lock. */
+static int final_harvest(struct uffdwp_snapshot *s, void *arg)
+{
+	int err;
+
+	(void)arg;
+	err = set_async(s, false);
+	if (err)
+		return err;
+	s->async_mode = false;
+	s->full_layout = true;
+	return harvest(s, s->dirty, false);
+}
+
+int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
+			   const struct uffdwp_precopy_opts *opts)
+{
+	struct uffdwp_snapshot *s = (struct uffdwp_snapshot *)ss;
+	struct uffdwp_precopy_opts o = { 0 };
+	uint64_t t_start = uw_now_ns(), rounds = 0, copied = 0;
+	_Atomic uint64_t *map = NULL;
+	int64_t n, prev = -1;
+	int err;
+
+	if (!ss || fd < 0)
+		return -EINVAL;
+	if (opts) {
+		o = *opts;
+		for (size_t i = 0; i < sizeof(o.__reserved) / 8; i++)
+			if (o.__reserved[i])
+				return -EINVAL;
+		if (o.flags)
+			return -EINVAL;
+	}
+	if (!o.target_pages)
+		o.target_pages = DEFAULT_TARGET;
+	if (!o.max_rounds)
+		o.max_rounds = DEFAULT_ROUNDS;
+	if (!s->ring)
+		return -EOPNOTSUPP;
+	err = uw_session_prepare(s, fd);
+	if (err)
+		return err;
+	/* Rounds write pages where they end up: a file at known offsets. */
+	if (!s->sink_positional)
+		return -EINVAL;
+	map = uw_alloc(s->bitmap_len);
+	if (!map)
+		return -ENOMEM;
+	err = start_tracking(s);
+	for (size_t i = 0; !err && i < s->rs.pages; i++)
+		uw_bit_set(map, i);
+	while (!err) {
+		n = write_marked(s, map);
+		if (n < 0) {
+			err = (int)n;
+			break;
+		}
+		copied += (uint64_t)n;
+		/* round 0 copies everything; later ones what it missed */
+		if (rounds++ && ((uint64_t)n <= o.target_pages ||
+				 rounds >= o.max_rounds ||
+				 (prev >= 0 && n >= prev)))
+			break;
+		if (rounds >= o.max_rounds)
+			break;
+		prev = rounds > 1 ? n : -1;
+		err = harvest(s, map, true);
+	}
+	uw_free(map, s->bitmap_len);
+	if (err)
+		return stop_tracking(s, err);
+	err = uw_session_instant(s, false, t_start, final_harvest, NULL);
+	/* the instant failed: nothing tracks any more (fail_instant) */
+	if (err) {
+		stop_tracking(s, err);
+		s->full_layout = false;
+		return err;
+	}
+	pthread_mutex_lock(&s->lock);
+	s->st.precopy_rounds = rounds;
+	s->st.precopy_pages = copied;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
