@@ -24,6 +24,13 @@
  *  - mode-async-only-range: a ramfs file mapping, which only async mode
  *    registers for WP, keeps the context in async mode: switching it off
  *    fails with EINVAL, writes stay logged and the range unregisters.
+ *  - mode-thp / mode-hugetlb: a write blocked in sync mode on a PMD-mapped
+ *    THP (the fault taken on the huge PMD) or on a hugetlb page completes
+ *    when async is switched on, logged as its 4 KiB page (the PMD split) or
+ *    as one UFFD_RING_ENTRY_HUGE entry.
+ *  - mode-pagemap-scan: PAGEMAP_SCAN's write-protect operation with
+ *    PM_SCAN_CHECK_WPASYNC fails with EPERM in sync mode and works again
+ *    in async mode.
  *  - mode-switch-under-writers: four threads write a tracked range while
  *    the mode flips between phases of writes and a handler answers sync
  *    faults.  No write is lost: every page that is no longer protected is
@@ -52,6 +59,9 @@
 #include <unistd.h>
 
 #define PM_UFFD_WP	(1ULL << 57)
+#ifndef MAP_HUGETLB
+#define MAP_HUGETLB	0x40000
+#endif
 
 static long psz;
 
@@ -76,8 +86,18 @@ static bool entry_is(const struct uring_view *r, uint64_t i, void *addr)
 	return (ring_entry(r, i) & ~(uint64_t)(psz - 1)) == (uintptr_t)addr;
 }
 
-/* A WP fault message for page ADDR arrives within two seconds. */
+/* A WP fault message for page ADDR arrives within two seconds.  (A
+ * hugetlb fault names its huge page: got_wp_fault_in() takes its size.) */
+static bool got_wp_fault_in(int uffd, void *addr, size_t span, char *why,
+			    size_t whylen);
+
 static bool got_wp_fault(int uffd, void *addr, char *why, size_t whylen)
+{
+	return got_wp_fault_in(uffd, addr, psz, why, whylen);
+}
+
+static bool got_wp_fault_in(int uffd, void *addr, size_t span, char *why,
+			    size_t whylen)
 {
 	struct uffd_msg msg;
 	int n = uffd_read_msg(uffd, &msg, 2000);
@@ -90,7 +110,8 @@ static bool got_wp_fault(int uffd, void *addr, char *why, size_t whylen)
 	a = msg.arg.pagefault.address & ~(unsigned long)(psz - 1);
 	if (msg.event != UFFD_EVENT_PAGEFAULT ||
 	    !(msg.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP) ||
-	    a != (uintptr_t)addr) {
+	    (a != (uintptr_t)addr &&
+	     a != ((uintptr_t)addr & ~(uintptr_t)(span - 1)))) {
 		snprintf(why, whylen, "event %#x flags %#llx at %#lx, expected a WP fault at %p",
 			 msg.event, (unsigned long long)msg.arg.pagefault.flags,
 			 a, addr);
@@ -537,6 +558,135 @@ out:
 	rmdir(dir);
 }
 
+/*
+ * A write into LEN bytes at P (protected, populated), made while the
+ * context is in sync mode, waits on a fault with UFFD_PAGEFAULT_FLAG_WP;
+ * switching async on lets it complete and logs it.  The entry it logged,
+ * or 0 with WHY filled in.
+ */
+static uint64_t blocked_then_async(struct uring_view *r, char *page,
+				   char *why, size_t whylen)
+{
+	struct writer w = { 0 };
+	uint64_t e = 0;
+
+	if (uffd_set_async(r->uffd, false) ||
+	    writer_start(&w, page, 1, 11)) {
+		snprintf(why, whylen, "setup failed");
+		return 0;
+	}
+	if (!got_wp_fault_in(r->uffd, page, HPAGE_SIZE, why, whylen) ||
+	    w.done) {
+		if (!why[0])
+			snprintf(why, whylen, "the writer did not wait");
+		uffd_set_async(r->uffd, true);
+		writer_joined(&w, 5000);
+		return 0;
+	}
+	if (uffd_set_async(r->uffd, true) || !writer_wait(&w, 5000)) {
+		snprintf(why, whylen, "the writer was not released");
+		return 0;
+	}
+	if (ring_producer(r) != 1 || page[0] != 11)
+		snprintf(why, whylen, "producer %llu, content %d",
+			 (unsigned long long)ring_producer(r), page[0]);
+	else
+		e = ring_entry(r, 0);
+	return e;
+}
+
+static void case_thp(void)
+{
+	const char *name = "mode-thp";
+	struct uring_view r;
+	char why[160] = "";
+	char *p = map_anon_aligned(HPAGE_SIZE, HPAGE_SIZE);
+	uint64_t e;
+
+	if (!p) {
+		tap_fail(name, "mmap failed");
+		return;
+	}
+	madvise(p, HPAGE_SIZE, MADV_HUGEPAGE);
+	memset(p, 1, HPAGE_SIZE);
+	if (pmd_mapped_blocks(p, HPAGE_SIZE) != 1) {
+		tap_skip(name, "the area is not PMD-mapped (no THP available)");
+		munmap(p, HPAGE_SIZE);
+		return;
+	}
+	if (ring_open(&r, 64, 0) ||
+	    uffd_register(r.uffd, p, HPAGE_SIZE, UFFDIO_REGISTER_MODE_WP,
+			  NULL) ||
+	    uffd_wp(r.uffd, p, HPAGE_SIZE, UFFDIO_WRITEPROTECT_MODE_WP)) {
+		tap_fail(name, "setup failed");
+		goto out;
+	}
+	/* the sync fault is taken on the huge PMD; async then splits it */
+	e = blocked_then_async(&r, p + 5 * psz, why, sizeof(why));
+	tap_check(e && (e & ~(uint64_t)(psz - 1)) == (uintptr_t)(p + 5 * psz) &&
+		  !(e & UFFD_RING_ENTRY_HUGE) && page_wp(p + 6 * psz), name,
+		  "%s; entry %#llx, the next page %s", why,
+		  (unsigned long long)e,
+		  page_wp(p + 6 * psz) ? "protected" : "unprotected");
+out:
+	munmap(p, HPAGE_SIZE);
+	ring_close(&r);
+}
+
+static void case_hugetlb(void)
+{
+	const char *name = "mode-hugetlb";
+	struct uring_view r;
+	char why[160] = "";
+	char *p = mmap(NULL, HPAGE_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	uint64_t e;
+
+	if (p == MAP_FAILED) {
+		tap_skip(name, "no hugetlb page: %s", strerror(errno));
+		return;
+	}
+	memset(p, 1, HPAGE_SIZE);
+	if (ring_open(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM) ||
+	    uffd_register(r.uffd, p, HPAGE_SIZE, UFFDIO_REGISTER_MODE_WP,
+			  NULL) ||
+	    uffd_wp(r.uffd, p, HPAGE_SIZE, UFFDIO_WRITEPROTECT_MODE_WP)) {
+		tap_fail(name, "setup failed");
+		goto out;
+	}
+	e = blocked_then_async(&r, p + 7 * psz, why, sizeof(why));
+	tap_check(e && (e & ~(uint64_t)(psz - 1)) == (uintptr_t)p &&
+		  (e & UFFD_RING_ENTRY_HUGE), name, "%s; entry %#llx", why,
+		  (unsigned long long)e);
+out:
+	munmap(p, HPAGE_SIZE);
+	ring_close(&r);
+}
+
+/* PAGEMAP_SCAN's write-protect operation follows the mode: it needs async
+ * mode (PM_SCAN_CHECK_WPASYNC says EPERM without it). */
+static void case_pagemap_scan(void)
+{
+	const char *name = "mode-pagemap-scan";
+	struct uring_view r;
+	char *p = open_tracked(&r, name, 64, 8);
+	long in_sync, in_async;
+
+	if (!p)
+		return;
+	p[0] = 2;
+	uffd_set_async(r.uffd, false);
+	in_sync = scan_written_reprotect(p, 8 * psz, NULL, NULL);
+	uffd_set_async(r.uffd, true);
+	in_async = scan_written_reprotect(p, 8 * psz, NULL, NULL);
+	tap_check(in_sync == -EPERM && in_async == 1 && page_wp(p), name,
+		  "sync: %ld (expected %d), async: %ld (expected 1), page %s",
+		  in_sync, -EPERM, in_async,
+		  page_wp(p) ? "protected again" : "unprotected");
+	munmap(p, 8 * psz);
+	ring_close(&r);
+}
+
 /* mode-switch-under-writers */
 #define SW_THREADS	4
 #define SW_PAGES	256	/* per thread */
@@ -706,7 +856,7 @@ int main(void)
 {
 	psz = page_size();
 	watchdog(300);
-	tap_plan(11);
+	tap_plan(14);
 	if (!ring_supported())
 		tap_bail("UFFDIO_API does not offer UFFD_FEATURE_WP_RING");
 	if (!set_mode_supported())
@@ -721,6 +871,9 @@ int main(void)
 	case_overflow_kept();
 	case_back_and_forth();
 	case_file_range();
+	case_thp();
+	case_hugetlb();
+	case_pagemap_scan();
 	case_switch_under_writers();
 	return tap_done();
 }
