@@ -251,31 +251,13 @@ static void case_esrch(void)
 	close(fd);
 }
 
-/* A ring context tracking NPAGES populated, protected pages, or NULL. */
-static char *open_tracked(struct uring_view *r, const char *name,
-			  uint64_t entries, size_t npages)
-{
-	char *p;
-
-	if (ring_open(r, entries, 0)) {
-		tap_fail(name, "ring_open failed");
-		return NULL;
-	}
-	p = ring_track(r, npages, true);
-	if (!p) {
-		tap_fail(name, "ring_track failed");
-		ring_close(r);
-	}
-	return p;
-}
-
 static void case_async_to_sync(void)
 {
 	const char *name = "mode-async-to-sync";
 	struct uring_view r;
 	struct writer w = { 0 };
 	char why[160] = "";
-	char *p = open_tracked(&r, name, 64, 8);
+	char *p = ring_tracked(&r, name, 64, 8);
 	bool ok;
 
 	if (!p)
@@ -318,7 +300,7 @@ static void case_sync_to_async(bool read_first)
 	struct uring_view r;
 	struct writer w = { 0 };
 	struct uffd_msg msg;
-	char *p = open_tracked(&r, name, 64, 8);
+	char *p = ring_tracked(&r, name, 64, 8);
 	char *page;
 
 	if (!p)
@@ -366,7 +348,7 @@ static void case_missing_waits(void)
 	struct uring_view r;
 	struct writer w = { 0 };
 	struct uffd_msg msg;
-	char *p = open_tracked(&r, name, 64, 4), *hole;
+	char *p = ring_tracked(&r, name, 64, 4), *hole;
 	bool ok;
 
 	if (!p)
@@ -411,7 +393,7 @@ static void case_overflow_kept(void)
 	struct uring_view r;
 	struct writer w = { 0 };
 	char why[160] = "";
-	char *p = open_tracked(&r, name, UFFD_RING_MIN_ENTRIES, 200);
+	char *p = ring_tracked(&r, name, UFFD_RING_MIN_ENTRIES, 200);
 	uint64_t prod;
 	bool ok = true;
 
@@ -466,7 +448,7 @@ static void case_back_and_forth(void)
 	const int rounds = 40;
 	struct uring_view r;
 	char why[160] = "";
-	char *p = open_tracked(&r, name, 128, 2 * rounds);
+	char *p = ring_tracked(&r, name, 128, 2 * rounds);
 	int i;
 
 	if (!p)
@@ -669,7 +651,7 @@ static void case_pagemap_scan(void)
 {
 	const char *name = "mode-pagemap-scan";
 	struct uring_view r;
-	char *p = open_tracked(&r, name, 64, 8);
+	char *p = ring_tracked(&r, name, 64, 8);
 	long in_sync, in_async;
 
 	if (!p)
@@ -787,7 +769,7 @@ static void case_switch_under_writers(void)
 	bool async = true;
 
 	s.seen = calloc(s.npages, 1);
-	s.mem = open_tracked(&s.r, name, 4096, s.npages);
+	s.mem = ring_tracked(&s.r, name, 4096, s.npages);
 	if (!s.mem)
 		goto out_free;
 	if (!pme || !s.seen || pm < 0 ||

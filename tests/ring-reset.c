@@ -55,27 +55,6 @@
 
 static long psz;
 
-/*
- * A ring of ENTRIES slots tracking NPAGES populated, write-protected pages;
- * NULL, with NAME reported failed and the ring closed, when either fails.
- */
-static char *tracked(struct uring_view *r, const char *name, uint64_t entries,
-		     size_t npages)
-{
-	char *p;
-
-	if (ring_open(r, entries, 0)) {
-		tap_fail(name, "ring_open failed");
-		return NULL;
-	}
-	p = ring_track(r, npages, true);
-	if (!p) {
-		tap_fail(name, "ring_track failed");
-		ring_close(r);
-	}
-	return p;
-}
-
 static void case_counts_changed(void)
 {
 	const char *name = "reset-counts-changed-pages";
@@ -84,7 +63,7 @@ static void case_counts_changed(void)
 	int err, unprot = 0;
 	char *p;
 
-	p = tracked(&r, name, 64, 8);
+	p = ring_tracked(&r, name, 64, 8);
 	if (!p)
 		return;
 	p[0] = 2;				/* entry 0: page 0 */
@@ -281,7 +260,7 @@ static void case_migrated(void)
 	long ret;
 	char *p;
 
-	p = tracked(&r, name, 64, MIG_PAGES);
+	p = ring_tracked(&r, name, 64, MIG_PAGES);
 	if (!p)
 		return;
 	for (int i = 0; i < MIG_PAGES; i++) {
@@ -341,7 +320,7 @@ static void case_forked(void)
 	pid_t pid;
 	char *p;
 
-	p = tracked(&r, name, 64, COW_PAGES);
+	p = ring_tracked(&r, name, 64, COW_PAGES);
 	if (!p)
 		return;
 	if (pipe(fds)) {
@@ -410,7 +389,7 @@ static void case_killable(void)
 	pid_t child, w = 0;
 	char *p;
 
-	p = tracked(&r, name, kill_entries, KILL_PAGES);
+	p = ring_tracked(&r, name, kill_entries, KILL_PAGES);
 	if (!p) {
 		tap_fail(resume, "no ring");
 		return;

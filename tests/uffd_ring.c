@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /* uffd_ring.c: helpers over the write-log ring uAPI (see uffd_ring.h). */
+#include "tap.h"
 #include "uffd_ring.h"
 #include "uffd_util.h"
 
@@ -105,6 +106,23 @@ char *ring_track(struct uring_view *r, size_t npages, bool populate)
 	    uffd_wp(r->uffd, p, len, UFFDIO_WRITEPROTECT_MODE_WP)) {
 		munmap(p, len);
 		return NULL;
+	}
+	return p;
+}
+
+char *ring_tracked(struct uring_view *r, const char *name, uint64_t entries,
+		   size_t npages)
+{
+	char *p;
+
+	if (ring_open(r, entries, 0)) {
+		tap_fail(name, "ring_open failed");
+		return NULL;
+	}
+	p = ring_track(r, npages, true);
+	if (!p) {
+		tap_fail(name, "ring_track failed");
+		ring_close(r);
 	}
 	return p;
 }

@@ -90,6 +90,14 @@ void ring_close(struct uring_view *r);
  */
 char *ring_track(struct uring_view *r, size_t npages, bool populate);
 
+/*
+ * ring_open() with ENTRIES slots, then ring_track() of NPAGES populated
+ * pages: the area, or NULL with NAME reported failed (TAP) and the ring
+ * closed.
+ */
+char *ring_tracked(struct uring_view *r, const char *name, uint64_t entries,
+		   size_t npages);
+
 /* The producer index, read with acquire semantics. */
 uint64_t ring_producer(const struct uring_view *r);
 bool ring_overflowed(const struct uring_view *r);
