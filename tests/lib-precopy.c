@@ -14,6 +14,9 @@
  *  - precopy-then-delta: the session goes on after a pre-copy: a delta
  *    holds exactly the pages written after its instant, and base + delta
  *    load back byte for byte; a second pre-copy works too;
+ *  - precopy-enospc: a file that fills up during the rounds fails the
+ *    pre-copy with -ENOSPC; the session goes on in sync mode (a write
+ *    after the failure is seen) and its next snapshot is an exact base;
  *  - precopy-bad-input: -EINVAL (NULL, fd, flags, reserved, a pipe, an
  *    O_APPEND file), -EOPNOTSUPP (a session without WP on unpopulated
  *    pages), -EBUSY (a snapshot still running).
@@ -25,6 +28,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -330,17 +335,74 @@ out:
 	munmap(p, len);
 }
 
+/* A sink that fills up during the rounds: the error, then the session
+ * still works, in sync mode, and its next snapshot is a full base. */
+static void t_enospc(void)
+{
+	const char *name = "precopy-enospc";
+	const char *dir = "/tmp/precopy-full";
+	size_t len = 1UL << 20;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *img = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_info info = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fd = -1, mem = memfd_create("snap", MFD_CLOEXEC), e1 = 0, e2 = 0;
+	ssize_t dirty = -1;
+
+	if (skip_no_precopy(name))
+		goto out;
+	mkdir(dir, 0700);
+	if (mount("none", dir, "tmpfs", 0, "size=256k")) {
+		tap_skip(name, "cannot mount a small tmpfs on %s: %s", dir,
+			 strerror(errno));
+		goto out;
+	}
+	fd = open("/tmp/precopy-full/snap", O_RDWR | O_CREAT | O_CLOEXEC,
+		  0600);
+	fill(p, len, 9);
+	e1 = fd < 0 ? -errno : uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!e1)
+		e1 = uffdwp_session_precopy(ss, fd, NULL);
+	p[3 * psz] ^= 1;	/* a write after the failure: sync mode again */
+	dirty = ss ? uffdwp_session_dirty(ss) : -1;
+	if (ss) {
+		e2 = uffdwp_session_snapshot(ss, mem, 0);
+		if (!e2)
+			e2 = uffdwp_session_wait(ss, 120000);
+		if (!e2)
+			e2 = load_chain(&mem, 1, &dst, 1, &info);
+	}
+	tap_check(e1 == -ENOSPC && dirty == 1 && !e2 &&
+		  info.kind == UFFDWP_FILE_BASE && !memcmp(img, p, len), name,
+		  "pre-copy %d (expected %d), the handler saw %zd write(s) after it (expected 1), then a snapshot %d, kind %u, %s",
+		  e1, -ENOSPC, dirty, e2, info.kind,
+		  memcmp(img, p, len) ? "differs" : "same");
+out:
+	uffdwp_session_free(ss);
+	if (fd >= 0)
+		close(fd);
+	umount(dir);
+	rmdir(dir);
+	close(mem);
+	munmap(p, len);
+	munmap(img, len);
+}
+
 int main(void)
 {
 	psz = page_size();
 	watchdog(900);
 	uffdwp_probe(&f);
-	tap_plan(6);
+	tap_plan(7);
 	t_exact();
 	t_writers("precopy-writers", false, 8UL << 20);
 	t_writers("precopy-writers-thp", true, 8UL << 20);
 	t_overflow();
 	t_then_delta();
+	t_enospc();
 	t_bad_input();
 	return tap_done();
 }
