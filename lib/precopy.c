@@ -105,9 +105,9 @@ static void mark_entries(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 }
 
 /*
- * The pages written since the last harvest into MAP.  PROTECT: protect
- * them again before returning (a round, in async mode); else leave that
- * to the instant (sync mode).  0 or -errno.
+ * The pages written since the last harvest into MAP, protected again
+ * (unless the ring overflowed and PROTECT is false: the instant protects
+ * its set itself, and in sync mode the scan cannot).  0 or -errno.
  */
 static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 		   bool protect)
@@ -125,11 +125,12 @@ static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 	if (!overflow)
 		mark_entries(s, map, prod);
 	/*
-	 * Without an overflow a round's reset protects the logged pages
-	 * again; the instant protects its set itself.  After an overflow
-	 * the scan below does the work, so the entries are only dropped.
+	 * Without an overflow the reset protects the logged pages again, in
+	 * one call with one TLB flush (the instant's own protect calls then
+	 * find them protected and flush nothing).  After an overflow the
+	 * scan below finds the pages, so the entries are only dropped.
 	 */
-	if (overflow || !protect)
+	if (overflow)
 		rr.flags = UFFDIO_RING_RESET_DISCARD |
 			   UFFDIO_RING_RESET_CLEAR_OVERFLOW;
 	err = uw_ioctl(s->uffd, UFFDIO_RING_RESET, &rr);
