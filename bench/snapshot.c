@@ -32,7 +32,10 @@
  * (uffdwp_session_precopy()) while the writer is paced at PRECOPY_RATE
  * updates per ms, the same at every arena size; its pause is the
  * instant's; rows precopy_rounds, precopy_pages_pct (what the rounds
- * wrote), instant_pages_pct (what the instant protected) and
+ * wrote), instant_pages_pct (what the instant protected),
+ * instant_switch_us and instant_harvest_us (the instant's UFFDIO_SET_MODE
+ * and its ring harvest with the reset that protects the pages; the rest
+ * of the pause is the set's bitmap pass and protect calls) and
  * fork_pause_over_pause (fork's pause in the same repetition over this
  * one's, when fork ran).
  * Options: --quick, --reps N, --sizes MIB[,MIB...] (default 256,1024),
@@ -87,6 +90,10 @@ static const struct variant {
 /* fork's pause in the current repetition (0: fork did not run). */
 static double fork_pause_us;
 
+/* libuffdwp's measurement seam (lib/precopy.c, static builds only): the
+ * last pre-copy instant's switch to sync mode and its ring harvest. */
+extern uint64_t uw_precopy_switch_ns, uw_precopy_harvest_ns;
+
 /* uffdwp_precopy: its rows beside the common ones. */
 static int run_precopy(struct wl *wl, const char *param, int rep,
 		       struct wl_result *res)
@@ -103,6 +110,10 @@ static int run_precopy(struct wl *wl, const char *param, int rep,
 	    100.0 * (double)st.precopy_pages / pages, "pct");
 	row("uffdwp_precopy", param, "instant_pages_pct",
 	    100.0 * (double)st.pages_copied / pages, "pct");
+	row("uffdwp_precopy", param, "instant_switch_us",
+	    uw_precopy_switch_ns / 1000.0, "us");
+	row("uffdwp_precopy", param, "instant_harvest_us",
+	    uw_precopy_harvest_ns / 1000.0, "us");
 	if (fork_pause_us > 0)
 		row("uffdwp_precopy", param, "fork_pause_over_pause",
 		    res->pause_us > 0 ? fork_pause_us / res->pause_us : 0,

@@ -141,6 +141,9 @@ extern bool uw_ring_no_discard;
 /* Test seam: when set, a snapshot's copier calls it before each chunk
  * (tests/lib-snapshot.c holds the copier there to get writers ahead). */
 extern void (*uw_snap_before_chunk)(void);
+/* Measurement seam (precopy.c): the last pre-copy instant's switch to sync
+ * mode and ring harvest, ns. */
+extern uint64_t uw_precopy_switch_ns, uw_precopy_harvest_ns;
 extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
 	uw_mprotect_ops;
 
