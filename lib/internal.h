@@ -144,6 +144,8 @@ extern void (*uw_snap_before_chunk)(void);
 /* Measurement seam (precopy.c): the last pre-copy instant's switch to sync
  * mode and ring harvest, ns. */
 extern uint64_t uw_precopy_switch_ns, uw_precopy_harvest_ns;
+/* Test seam: called after each pre-copy round's writes (precopy.c). */
+extern void (*uw_precopy_after_round)(uint64_t round);
 extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
 	uw_mprotect_ops;
 
@@ -158,5 +160,14 @@ int uw_async_start(struct uffdwp_tracker *t, uint64_t extra,
 void uw_async_stop(struct uffdwp_tracker *t);
 /* Set the pending bits of [addr, addr + len) clipped to the regions. */
 void uw_mark_range(struct uffdwp_tracker *t, uintptr_t addr, size_t len);
+/* Set in MAP the bit of every page of RS in [ADDR, ADDR + LEN). */
+void uw_mark_pages(const struct uw_regions *rs, _Atomic uint64_t *map,
+		   uintptr_t addr, size_t len);
+/* The write-log ring: set it up with ENTRIES slots on UFFD and map it
+ * (*RING, *LEN), or -errno; mark in MAP the pages of its entries
+ * [FROM, TO). */
+int uw_ring_map(int uffd, uint64_t entries, void **ring, size_t *len);
+void uw_ring_mark(const void *ring, uint64_t from, uint64_t to,
+		  const struct uw_regions *rs, _Atomic uint64_t *map);
 
 #endif

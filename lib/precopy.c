@@ -42,14 +42,20 @@
 
 #define DEFAULT_TARGET	1024
 #define DEFAULT_ROUNDS	8
-#define WRITE_MAX	(16UL << 10)	/* as the copier's sink writes */
 #define SCAN_VEC	256
 
-struct round {
+/* PAGEMAP_SCAN's report callback: the pages into the map in ARG. */
+struct scan_mark {
 	struct uffdwp_snapshot *s;
-	_Atomic uint64_t *map;	/* the round's pages */
-	uint64_t pages;
+	_Atomic uint64_t *map;
 };
+
+static void mark_scanned(void *arg, uintptr_t start, uintptr_t end)
+{
+	struct scan_mark *m = arg;
+
+	uw_mark_pages(&m->s->rs, m->map, start, end - start);
+}
 
 static int set_async(struct uffdwp_snapshot *s, bool on)
 {
@@ -62,48 +68,6 @@ static int set_async(struct uffdwp_snapshot *s, bool on)
 	return uw_ioctl(s->uffd, UFFDIO_SET_MODE, &m);
 }
 
-static const struct uffd_ring_header *hdr(struct uffdwp_snapshot *s)
-{
-	return s->ring;
-}
-
-static void mark(_Atomic uint64_t *map, struct uffdwp_snapshot *s,
-		 uintptr_t addr, size_t len)
-{
-	size_t psz = uw_page_size();
-
-	for (uintptr_t a = addr & ~(uintptr_t)(psz - 1); a < addr + len;
-	     a += psz) {
-		long idx = uw_page_index(&s->rs, a);
-
-		if (idx >= 0)
-			uw_bit_set(map, (size_t)idx);
-	}
-}
-
-static void mark_scanned(void *arg, uintptr_t start, uintptr_t end)
-{
-	struct round *r = arg;
-
-	mark(r->map, r->s, start, end - start);
-}
-
-/* The entries from the consumer index up to PROD into MAP. */
-static void mark_entries(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
-			 uint64_t prod)
-{
-	const struct uffd_ring_header *h = hdr(s);
-	const uint64_t *ent = (const uint64_t *)((const char *)h +
-						 h->entry_offset);
-
-	for (uint64_t i = s->ring_consumer; i < prod; i++) {
-		uint64_t e = ent[i & (h->entries - 1)];
-
-		mark(map, s, e & UFFD_RING_ENTRY_ADDR_MASK,
-		     e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE : uw_page_size());
-	}
-}
-
 /*
  * The pages written since the last harvest into MAP, protected again
  * (unless the ring overflowed and PROTECT is false: the instant protects
@@ -112,18 +76,18 @@ static void mark_entries(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 		   bool protect)
 {
-	const struct uffd_ring_header *h = hdr(s);
+	const struct uffd_ring_header *h = s->ring;
 	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
 	bool overflow = (__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
 			 UFFD_RING_OVERFLOW) ||
 			prod - s->ring_consumer > h->entries;
 	struct uffdio_ring_reset rr = { .consumer = prod };
 	struct page_region vec[SCAN_VEC];
-	struct round r = { s, map, 0 };
+	struct scan_mark m = { s, map };
 	int err;
 
 	if (!overflow)
-		mark_entries(s, map, prod);
+		uw_ring_mark(s->ring, s->ring_consumer, prod, &s->rs, map);
 	/*
 	 * Without an overflow the reset protects the logged pages again, in
 	 * one call with one TLB flush (the instant's own protect calls then
@@ -147,11 +111,11 @@ static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 			       protect ? PM_SCAN_WP_MATCHING |
 					 PM_SCAN_CHECK_WPASYNC : 0,
 			       PAGE_IS_WRITTEN, vec, SCAN_VEC, mark_scanned,
-			       &r);
+			       &m);
 }
 
-/* Write the pages set in MAP (clearing it) to the file, each at its
- * index.  Returns the number of pages or -errno. */
+/* Write the pages set in MAP to the file, each at its index, and clear
+ * MAP.  Returns the number of pages or -errno. */
 static int64_t write_marked(struct uffdwp_snapshot *s, _Atomic uint64_t *map)
 {
 	size_t psz = uw_page_size();
@@ -172,47 +136,33 @@ static int64_t write_marked(struct uffdwp_snapshot *s, _Atomic uint64_t *map)
 			i++;
 			continue;
 		}
-		/* a run stays inside one region page-index-wise, but two
-		 * regions may be adjacent in the index: split at their ends */
+		/* indexes run on across regions: split at address gaps */
 		for (size_t k = i; k < j;) {
 			uintptr_t a = uw_page_addr(&s->rs, k);
 			size_t m = 1;
+			int err;
 
 			while (k + m < j && uw_page_addr(&s->rs, k + m) ==
 					    a + m * psz)
 				m++;
-			for (size_t done = 0; done < m * psz;) {
-				size_t piece = m * psz - done;
-				ssize_t w;
-
-				if (piece > WRITE_MAX)
-					piece = WRITE_MAX;
-				w = pwrite(s->opts.sink_fd, (char *)a + done,
-					   piece, base + (off_t)(k * psz + done));
-				if (w < 0 && errno == EINTR)
-					continue;
-				if (w < 0)
-					return -errno;
-				if (w == 0)
-					return -ENOSPC;
-				done += (size_t)w;
-			}
+			err = uw_io_all(s->opts.sink_fd, (char *)a, m * psz,
+					base + (off_t)(k * psz), IO_PWRITE);
+			if (err)
+				return err;
 			k += m;
 		}
-		for (size_t k = i; k < j; k++)
-			atomic_fetch_and_explicit(&map[k / 64],
-						  ~(1ULL << (k % 64)),
-						  memory_order_relaxed);
 		n += (int64_t)(j - i);
 		i = j;
 	}
+	for (size_t w = 0; w < s->words; w++)
+		atomic_store_explicit(&map[w], 0, memory_order_relaxed);
 	return n;
 }
 
 /* Step 1: async mode, old entries dropped, every page protected. */
 static int start_tracking(struct uffdwp_snapshot *s)
 {
-	const struct uffd_ring_header *h = hdr(s);
+	const struct uffd_ring_header *h = s->ring;
 	struct uffdio_ring_reset rr;
 	int err;
 
@@ -257,6 +207,10 @@ static int stop_tracking(struct uffdwp_snapshot *s, int err)
 	return err;
 }
 
+/* Test seam: called after each round's writes with the round's number
+ * (tests/lib-precopy.c discards pages there). */
+void (*uw_precopy_after_round)(uint64_t round);
+
 /* What the last instant's switch to sync mode and its harvest took, in
  * ns: a measurement seam for the benchmark (not exported). */
 uint64_t uw_precopy_switch_ns, uw_precopy_harvest_ns;
@@ -287,7 +241,7 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 	struct uffdwp_precopy_opts o = { 0 };
 	uint64_t t_start = uw_now_ns(), rounds = 0, copied = 0;
 	_Atomic uint64_t *map = NULL;
-	int64_t n, prev = -1;
+	int64_t n, prev = 0;
 	int err;
 
 	if (!ss || fd < 0)
@@ -318,6 +272,8 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 	err = start_tracking(s);
 	for (size_t i = 0; !err && i < s->rs.pages; i++)
 		uw_bit_set(map, i);
+	/* Round 0 writes every page; each later one what was written since
+	 * the round before, until one is small or no smaller than that. */
 	while (!err) {
 		n = write_marked(s, map);
 		if (n < 0) {
@@ -325,14 +281,13 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 			break;
 		}
 		copied += (uint64_t)n;
-		/* round 0 copies everything; later ones what it missed */
-		if (rounds++ && ((uint64_t)n <= o.target_pages ||
-				 rounds >= o.max_rounds ||
-				 (prev >= 0 && n >= prev)))
+		if (uw_precopy_after_round)
+			uw_precopy_after_round(rounds);
+		if (++rounds >= o.max_rounds ||
+		    (rounds > 1 && ((uint64_t)n <= o.target_pages ||
+				    (rounds > 2 && n >= prev))))
 			break;
-		if (rounds >= o.max_rounds)
-			break;
-		prev = rounds > 1 ? n : -1;
+		prev = n;
 		err = harvest(s, map, true);
 	}
 	uw_free(map, s->bitmap_len);

@@ -160,3 +160,17 @@ int uw_scan_regions(int pagemap_fd, const struct uw_regions *rs,
 	}
 	return 0;
 }
+
+void uw_mark_pages(const struct uw_regions *rs, _Atomic uint64_t *map,
+		   uintptr_t addr, size_t len)
+{
+	size_t psz = uw_page_size();
+
+	addr &= ~(uintptr_t)(psz - 1);
+	for (uintptr_t a = addr; a < addr + len; a += psz) {
+		long idx = uw_page_index(rs, a);
+
+		if (idx >= 0)
+			uw_bit_set(map, (size_t)idx);
+	}
+}

@@ -156,7 +156,6 @@ static off_t spill_off(struct uffdwp_snapshot *s, size_t idx)
 	       (off_t)(idx * uw_page_size());
 }
 
-enum io { IO_WRITE, IO_PWRITE, IO_PREAD };
 
 /*
  * All of [P, P + LEN) written to FD (IO_WRITE: at its offset; IO_PWRITE:
@@ -164,7 +163,7 @@ enum io { IO_WRITE, IO_PWRITE, IO_PREAD };
  * retried on EINTR.  0 or -errno; -ENOSPC when FD takes no more bytes,
  * -EIO when a read finds the end of the file (a page never spilled).
  */
-static int io_all(int fd, char *p, size_t len, off_t off, enum io op)
+int uw_io_all(int fd, char *p, size_t len, off_t off, enum uw_io op)
 {
 	while (len) {
 		size_t piece = len < SINK_WRITE_MAX ? len : SINK_WRITE_MAX;
@@ -238,7 +237,7 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 				ST_CLAIMED)
 			j++;
 		/* Claimed pages are in the set: consecutive in the file. */
-		err = io_all(s->spill_fd, (char *)(addr + i * psz),
+		err = uw_io_all(s->spill_fd, (char *)(addr + i * psz),
 			     (j - i) * psz, spill_off(s, idx + i), IO_PWRITE);
 		/* Fail the snapshot before the copier can see these pages
 		 * settle without their contents. */
@@ -459,9 +458,9 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
 			continue;
 		}
 		err = s->sink_positional ?
-		      io_all(s->opts.sink_fd, p + i * psz, (j - i) * psz,
+		      uw_io_all(s->opts.sink_fd, p + i * psz, (j - i) * psz,
 			     file_off(s, first + i), IO_PWRITE) :
-		      io_all(s->opts.sink_fd, p + i * psz, (j - i) * psz, 0,
+		      uw_io_all(s->opts.sink_fd, p + i * psz, (j - i) * psz, 0,
 			     IO_WRITE);
 		if (err)
 			return err;
@@ -501,7 +500,7 @@ static int fetch_saved(struct uffdwp_snapshot *s, size_t first, size_t i,
 	}
 	if (st != ST_SPILLED || s->sink_positional)
 		return 0;
-	err = io_all(s->spill_fd, s->chunk + i * psz, psz, off, IO_PREAD);
+	err = uw_io_all(s->spill_fd, s->chunk + i * psz, psz, off, IO_PREAD);
 	if (err)
 		return err;
 	/* Give the memory back; failing to is not worth failing for. */
@@ -643,7 +642,7 @@ static int write_prefix(struct uffdwp_snapshot *s)
 		return 0;
 	uw_file_prefix(s->prefix, &s->rs, s->full_layout ? NULL : s->set,
 		       s->kind, s->session_id, s->st.epoch, s->st.pages);
-	return io_all(s->opts.sink_fd, s->prefix, (size_t)s->data_off,
+	return uw_io_all(s->opts.sink_fd, s->prefix, (size_t)s->data_off,
 		      s->spill_base, s->sink_positional ? IO_PWRITE : IO_WRITE);
 }
 
@@ -926,27 +925,22 @@ static int open_uffd(struct uffdwp_snapshot *s, uint64_t features)
  */
 static int attach_ring(struct uffdwp_snapshot *s)
 {
-	struct uffdio_ring_setup rs = { .entries = 64 };
 	struct uffdio_set_mode sync = { .disable = UFFD_FEATURE_WP_ASYNC };
-	void *p;
+	uint64_t entries = 64;
 	int err;
 
-	while (rs.entries < s->rs.pages && rs.entries < (1u << 16))
-		rs.entries <<= 1;
-	while ((err = uw_ioctl(s->uffd, UFFDIO_RING_SETUP, &rs)) &&
-	       (err == -EPERM || err == -ENOMEM) && rs.entries > 64)
-		rs.entries >>= 1;
+	while (entries < s->rs.pages && entries < (1u << 16))
+		entries <<= 1;
+	while ((err = uw_ring_map(s->uffd, entries, &s->ring,
+				  &s->ring_len)) &&
+	       (err == -EPERM || err == -ENOMEM) && entries > 64)
+		entries >>= 1;
 	if (err)
 		return err;
-	p = mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, s->uffd, 0);
-	if (p == MAP_FAILED)
-		return -errno;
-	s->ring = p;
-	s->ring_len = rs.mmap_size;
 	s->ring_consumer = 0;
 	err = uw_ioctl(s->uffd, UFFDIO_SET_MODE, &sync);
 	if (err) {
-		munmap(p, rs.mmap_size);
+		munmap(s->ring, s->ring_len);
 		s->ring = NULL;
 	}
 	return err;

@@ -114,6 +114,12 @@ int uw_snap_check_flags(unsigned int flags, const uint64_t *reserved,
 int uw_snap_setup_spill(struct uffdwp_snapshot *s);
 /* Mark the PMD-mapped 2 MiB blocks (s->nhuge counts them). */
 void uw_snap_find_huge(struct uffdwp_snapshot *s);
+/* All of [P, P + LEN) written to FD (UW_IO_WRITE: at its offset;
+ * IO_PWRITE: at OFF) or read from it at OFF, in pieces a pipe or tmpfs
+ * takes well; 0 or -errno (-ENOSPC: FD takes no more, -EIO: a read found
+ * the end of the file). */
+enum uw_io { IO_WRITE, IO_PWRITE, IO_PREAD };
+int uw_io_all(int fd, char *p, size_t len, off_t off, enum uw_io op);
 int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg);
 void *uw_snap_copier_main(void *arg);
 int uw_snap_unprotect_all(struct uffdwp_snapshot *s);

@@ -137,15 +137,7 @@ enum uffdwp_backend uffdwp_tracker_backend(const struct uffdwp_tracker *t)
 
 void uw_mark_range(struct uffdwp_tracker *t, uintptr_t addr, size_t len)
 {
-	size_t psz = uw_page_size();
-
-	addr &= ~(uintptr_t)(psz - 1);
-	for (uintptr_t a = addr; a < addr + len; a += psz) {
-		long idx = uw_page_index(&t->rs, a);
-
-		if (idx >= 0)
-			uw_bit_set(t->pending, (size_t)idx);
-	}
+	uw_mark_pages(&t->rs, t->pending, addr, len);
 }
 
 ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,

@@ -19,24 +19,35 @@
 
 bool uw_ring_no_discard;
 
-static int ring_setup(struct uffdwp_tracker *t)
+int uw_ring_map(int uffd, uint64_t entries, void **ring, size_t *len)
 {
-	struct uffdio_ring_setup rs = { .entries = RING_MIN };
+	struct uffdio_ring_setup rs = { .entries = entries };
 	void *p;
 	int err;
 
-	while (rs.entries < t->rs.pages && rs.entries < RING_MAX)
-		rs.entries <<= 1;
-	err = uw_ioctl(t->uffd, UFFDIO_RING_SETUP, &rs);
+	err = uw_ioctl(uffd, UFFDIO_RING_SETUP, &rs);
 	if (err)
 		return err;
-	p = mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, t->uffd, 0);
+	p = mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, uffd, 0);
 	if (p == MAP_FAILED)
 		return -errno;
-	t->ring = p;
-	t->ring_len = rs.mmap_size;
+	*ring = p;
+	*len = rs.mmap_size;
+	return 0;
+}
+
+static int ring_setup(struct uffdwp_tracker *t)
+{
+	uint64_t entries = RING_MIN;
+	int err;
+
+	while (entries < t->rs.pages && entries < RING_MAX)
+		entries <<= 1;
+	err = uw_ring_map(t->uffd, entries, &t->ring, &t->ring_len);
+	if (err)
+		return err;
 	t->ring_no_discard = uw_ring_no_discard;
-	t->ring_consumer = ((struct uffd_ring_header *)p)->consumer;
+	t->ring_consumer = ((struct uffd_ring_header *)t->ring)->consumer;
 	return 0;
 }
 
@@ -45,17 +56,17 @@ static int ring_start(struct uffdwp_tracker *t)
 	return uw_async_start(t, UFFD_FEATURE_WP_RING, ring_setup);
 }
 
-/* Mark the pages of the entries from the consumer index up to PROD. */
-static void ring_mark_entries(struct uffdwp_tracker *t, uint64_t prod)
+void uw_ring_mark(const void *ring, uint64_t from, uint64_t to,
+		  const struct uw_regions *rs, _Atomic uint64_t *map)
 {
-	const struct uffd_ring_header *h = t->ring;
-	const uint64_t *ent = (const uint64_t *)((const char *)t->ring +
+	const struct uffd_ring_header *h = ring;
+	const uint64_t *ent = (const uint64_t *)((const char *)ring +
 						 h->entry_offset);
 
-	for (uint64_t i = t->ring_consumer; i < prod; i++) {
+	for (uint64_t i = from; i < to; i++) {
 		uint64_t e = ent[i & (h->entries - 1)];
 
-		uw_mark_range(t, e & UFFD_RING_ENTRY_ADDR_MASK,
+		uw_mark_pages(rs, map, e & UFFD_RING_ENTRY_ADDR_MASK,
 			      e & UFFD_RING_ENTRY_HUGE ? UW_HPAGE_SIZE :
 			      uw_page_size());
 	}
@@ -95,7 +106,8 @@ static int ring_gather(struct uffdwp_tracker *t)
 		/* This reset protects the logged pages again, so the scan
 		 * will not see them: take them from the entries first. */
 		if (!lapped)
-			ring_mark_entries(t, prod);
+			uw_ring_mark(t->ring, t->ring_consumer, prod, &t->rs,
+				     t->pending);
 		rr.flags = overflow ? UFFDIO_RING_RESET_CLEAR_OVERFLOW : 0;
 		/* Read the logged pages only after this. */
 		err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
