@@ -14,6 +14,9 @@
  *  - precopy-then-delta: the session goes on after a pre-copy: a delta
  *    holds exactly the pages written after its instant, and base + delta
  *    load back byte for byte; a second pre-copy works too;
+ *  - precopy-discard-during-rounds: a whole PMD-mapped block and some 4 KiB
+ *    pages discarded after round 0 copied them read as zeroes in the file
+ *    (the zaps are in the ring);
  *  - precopy-enospc: a file that fills up during the rounds fails the
  *    pre-copy with -ENOSPC; the session goes on in sync mode (a write
  *    after the failure is seen) and its next snapshot is an exact base;
@@ -335,6 +338,67 @@ out:
 	munmap(p, len);
 }
 
+/* libuffdwp's test seam (lib/internal.h): after each pre-copy round. */
+extern void (*uw_precopy_after_round)(uint64_t round);
+
+static char *discard_at;
+
+/* After round 0 wrote them: a whole 2 MiB block and 8 pages of the next
+ * are discarded, as MADV_DONTNEED would while the program runs. */
+static void discard_after_round0(uint64_t round)
+{
+	if (round)
+		return;
+	madvise(discard_at, HPAGE_SIZE, MADV_DONTNEED);
+	madvise(discard_at + HPAGE_SIZE + 40 * psz, 8 * psz, MADV_DONTNEED);
+}
+
+/*
+ * Pages discarded after round 0 copied them (the kernel logs the zap of a
+ * protected page, and of a huge PMD, in the ring): the file must hold
+ * zeroes there.  Fails if the discards are missed: the file then keeps
+ * round 0's contents.
+ */
+static void t_discard(void)
+{
+	const char *name = "precopy-discard-during-rounds";
+	size_t len = 2 * HPAGE_SIZE;
+	char *p = map_anon_aligned(len, HPAGE_SIZE);
+	char *img = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_session *ss = NULL;
+	int fd = memfd_create("snap", MFD_CLOEXEC), err;
+	long blocks;
+
+	if (skip_no_precopy(name) || !p || img == MAP_FAILED)
+		goto out;
+	madvise(p, len, MADV_HUGEPAGE);
+	fill(p, len, 5);
+	blocks = make_pmd_mapped(p, len);
+	tap_diag("%s: %ld of 2 blocks PMD-mapped (a whole one is zapped as a huge PMD)",
+		 name, blocks);
+	discard_at = p;
+	uw_precopy_after_round = discard_after_round0;
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = precopy(ss, fd, NULL);
+	uw_precopy_after_round = NULL;
+	if (!err)
+		err = load_chain(&fd, 1, &dst, 1, NULL);
+	tap_check(!err && !memcmp(img, p, len) && !p[0] &&
+		  !p[HPAGE_SIZE + 40 * psz], name,
+		  "err %d, image %s memory (first difference at %ld)", err,
+		  memcmp(img, p, len) ? "differs from" : "equals",
+		  first_diff(img, p, len));
+out:
+	uffdwp_session_free(ss);
+	close(fd);
+	if (p)
+		munmap(p, len);
+	munmap(img, len);
+}
+
 /* A sink that fills up during the rounds: the error, then the session
  * still works, in sync mode, and its next snapshot is a full base. */
 static void t_enospc(void)
@@ -396,12 +460,13 @@ int main(void)
 	psz = page_size();
 	watchdog(900);
 	uffdwp_probe(&f);
-	tap_plan(7);
+	tap_plan(8);
 	t_exact();
 	t_writers("precopy-writers", false, 8UL << 20);
 	t_writers("precopy-writers-thp", true, 8UL << 20);
 	t_overflow();
 	t_then_delta();
+	t_discard();
 	t_enospc();
 	t_bad_input();
 	return tap_done();
