@@ -12,6 +12,7 @@
 # logs) are then copied into the keyed object directory.
 . "$(dirname "$0")/lib.sh"
 load_lane "$1"
+"$TOP/scripts/deps.sh" "$1"
 
 if [ "$SERIES" = none ]; then
 	tree=$("$TOP/scripts/tree.sh" /dev/null)

@@ -29,7 +29,7 @@ else
 		done
 	done
 fi
-"$TOP/scripts/deps.sh"
+"$TOP/scripts/deps.sh" "$@"
 for lane in "$@"; do
 	load_lane "$lane" >/dev/null
 	for i in $(seq "$from" "$n"); do

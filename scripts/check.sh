@@ -10,7 +10,7 @@
 results=$BUILD/results
 mkdir -p "$results"
 
-"$TOP/scripts/deps.sh"
+"$TOP/scripts/deps.sh" "$@"
 step "pipeline: failing steps speak"
 "$TOP/scripts/test-pipeline.sh" "$results/pipeline.tap" || true
 step "libuffdwp: ABI and manual pages"

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Install the Debian packages the pipeline needs, skipping what is present.
+# deps.sh [LANE...]: install the Debian packages the pipeline and the
+# default lanes need, and each named lane's QEMU_PKG and LANE_PKGS (lanes
+# outside the default set, arm64 for one, bring their own), skipping what
+# is present.
 . "$(dirname "$0")/lib.sh"
 
 # Every program the pipeline or the kernel build calls, named by the package
@@ -17,6 +20,10 @@ pkgs=(linux-source-6.12 qemu-system-x86 qemu-system-misc
       ccache python3 git perl file util-linux findutils binutils mandoc pkgconf
       gcc-riscv64-linux-gnu libc6-dev-riscv64-cross)
 [ -z "${EXTRA_PKGS:-}" ] || read -r -a extra <<<"$EXTRA_PKGS"
+for lane in "$@"; do
+	read -r -a more <<<"$(load_lane "$lane" >/dev/null && echo "$QEMU_PKG ${LANE_PKGS:-}")"
+	extra+=("${more[@]}")
+done
 missing=()
 for p in "${pkgs[@]}" ${extra[@]+"${extra[@]}"}; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
