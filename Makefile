@@ -17,7 +17,8 @@ all: check
 check:
 	@scripts/check.sh $(LANES)
 
-## check-all: make check on ALL_LANES (adds arm64; about 20 min more cold)
+## check-all: make check on ALL_LANES (adds arm64: its kernel and ~20 min of
+##       guest time; README, Lanes)
 check-all:
 	@scripts/check.sh $(ALL_LANES)
 

@@ -12,7 +12,9 @@
 # logs) are then copied into the keyed object directory.
 . "$(dirname "$0")/lib.sh"
 load_lane "$1"
-"$TOP/scripts/deps.sh" "$1"
+# The lane's own packages (a cross compiler, its QEMU); stdout is the
+# object directory, so whatever deps.sh prints goes to stderr.
+"$TOP/scripts/deps.sh" "$1" >&2
 
 if [ "$SERIES" = none ]; then
 	tree=$("$TOP/scripts/tree.sh" /dev/null)
