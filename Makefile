@@ -2,9 +2,9 @@
 # tested in QEMU.  `make help` lists the targets.
 
 LANES ?= x86_64 riscv64 x86_64-debug
-# Every lane that carries the series: make check-all (README: why arm64 is
-# not in the default set).
-ALL_LANES ?= x86_64 riscv64 x86_64-debug arm64
+# Every lane that carries the series: make check-all (README, Lanes: why
+# arm64 and ppc64le are not in the default set).
+ALL_LANES ?= x86_64 riscv64 x86_64-debug arm64 ppc64le
 LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
@@ -17,8 +17,8 @@ all: check
 check:
 	@scripts/check.sh $(LANES)
 
-## check-all: make check on ALL_LANES (adds arm64: its kernel and ~20 min of
-##       guest time; README, Lanes)
+## check-all: make check on ALL_LANES (adds arm64 and ppc64le: two more
+##       kernels and their guest time; README, Lanes)
 check-all:
 	@scripts/check.sh $(ALL_LANES)
 
@@ -84,7 +84,8 @@ mutation-check:
 	@scripts/mutation-check.sh
 
 ## build-each-patch: build every prefix of the series for EACH_LANES (one patch
-##       at a time, incrementally); TAP in build/results/each-patch.tap
+##       at a time, incrementally; EACH_FROM=N starts at patch N); TAP in
+##       build/results/each-patch.tap
 EACH_LANES ?= x86_64 riscv64
 build-each-patch:
 	@scripts/build-each-patch.sh $(EACH_LANES)

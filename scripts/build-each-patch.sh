@@ -5,6 +5,8 @@
 # a build slot of its own per lane ($CACHE/slot/LANE-each), so each step
 # recompiles what that patch changed.  Results as TAP in
 # build/results/each-patch.tap (names build-each/LANE/NN-subject).
+# EACH_FROM=N starts at patch N (its prefix is built whole first), for a
+# series whose earlier prefixes were already built with these lanes.
 . "$(dirname "$0")/lib.sh"
 [ $# -gt 0 ] || set -- x86_64 riscv64
 results=$BUILD/results
@@ -29,6 +31,7 @@ for lane in "$@"; do
 	n=0
 	for c in "${commits[@]}"; do
 		n=$((n + 1))
+		[ "$n" -ge "${EACH_FROM:-1}" ] || continue
 		subject=$(git -C "$tree" log -1 --format=%s "$c" | tr -c 'A-Za-z0-9.:_+-' '-' | cut -c1-60)
 		name=build-each/$lane/$(printf %02d "$n")-$subject
 		slot_checkout "$slot" "$tree" "$c"
