@@ -8,7 +8,10 @@
  *  - unprotecting one 4 KiB page splits the PMD mapping and every other
  *    page stays protected: pagemap bit 57 per page, and writes still fault;
  *  - neither MADV_COLLAPSE nor khugepaged collapses a range that holds
- *    protected PTEs while the protection is on.
+ *    protected PTEs while the protection is on;
+ *  - mprotect() of the whole THP (PROT_READ, then PROT_READ|PROT_WRITE)
+ *    keeps it PMD-mapped and protected: the architecture's pmd_modify()
+ *    must keep the bit.
  *
  * Each case builds its own THP and userfaultfd.  MADV_COLLAPSE and
  * khugepaged are first shown to collapse an unprotected twin range, so a
@@ -531,15 +534,51 @@ out:
 	pair_free(&pr);
 }
 
+/*
+ * thp-mprotect-keeps-wp: mprotect() of a protected, PMD-mapped THP to
+ * PROT_READ and back changes the huge PMD in place; it stays huge, all 512
+ * pages keep PM_UFFD_WP, and a write still takes a WP fault.
+ */
+static void test_mprotect_keeps_wp(void)
+{
+	const char *name = "thp-mprotect-keeps-wp";
+	char why[512] = "";
+	struct thp t;
+	bool ok = false;
+	int n;
+
+	if (!thp_new(&t, name, 6))
+		return;
+	if (!thp_protect(&t, why, sizeof(why)))
+		goto out;
+	if (mprotect(t.p, HPAGE_SIZE, PROT_READ) ||
+	    mprotect(t.p, HPAGE_SIZE, PROT_READ | PROT_WRITE))
+		FAIL("mprotect: %s", strerror(errno));
+	if (huge_kb(t.p) != (long)(HPAGE_SIZE >> 10))
+		FAIL("mprotect split the THP: AnonHugePages %ld kB",
+		     huge_kb(t.p));
+	n = pages_with(t.p, HPAGE_SIZE, PM_PRESENT | PM_UFFD_WP);
+	if (n != NR_SUBPAGES)
+		FAIL("after mprotect %d of %d pages present with PM_UFFD_WP", n,
+		     NR_SUBPAGES);
+	if (!fault_page(&t, 300, 'P', t.p, HPAGE_SIZE, why, sizeof(why)))
+		goto out;
+	ok = data_ok(&t, why, sizeof(why));
+out:
+	tap_check(ok, name, "%s", why);
+	thp_free(&t);
+}
+
 int main(void)
 {
 	watchdog(90);
 	psz = page_size();
-	tap_plan(5);
+	tap_plan(6);
 	test_protected_huge_faults();
 	test_unprotect_one_splits();
 	test_split_rest_still_faults();
 	test_madv_collapse_refused();
 	test_khugepaged_refused();
+	test_mprotect_keeps_wp();
 	return tap_done();
 }

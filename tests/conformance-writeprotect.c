@@ -20,7 +20,11 @@
  *  - a range with no registered VMA (a hole, or an unregistered mapping)
  *    and a VMA registered without MODE_WP are ENOENT;
  *  - many scattered sub-ranges of one registration can be protected one by
- *    one: exactly those pages fault, pages outside them never do.
+ *    one: exactly those pages fault, pages outside them never do;
+ *  - mprotect() does not drop the protection: after PROT_NONE, PROT_READ
+ *    and back to PROT_READ|PROT_WRITE every page still has PM_UFFD_WP and
+ *    a write still takes a WP fault (the architecture's pte_modify() must
+ *    keep the bit).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -656,10 +660,61 @@ static void case_scattered(void)
 	area_teardown(&a);
 }
 
+/*
+ * Protect every page, take the range through PROT_NONE and PROT_READ back to
+ * PROT_READ|PROT_WRITE, then check pagemap and that a write to page 2 still
+ * stops in a WP fault and lands once resolved.
+ */
+static bool mprotect_keeps_wp(struct area *a)
+{
+	static const int prots[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
+	struct writer w;
+	size_t got;
+	int err;
+
+	if (!protect(a, 0, a->npages))
+		return false;
+	for (size_t k = 0; k < sizeof(prots) / sizeof(prots[0]); k++)
+		if (mprotect(a->base, a->len, prots[k]))
+			return because("mprotect(%#x): %s", prots[k],
+				       strerror(errno));
+	got = pages_with(a->base, a->len, PM_UFFD_WP);
+	if (got != (size_t)a->npages)
+		return because("after mprotect %zu of %d pages have PM_UFFD_WP",
+			       got, a->npages);
+	if (writer_start(&w, page_at(a, 2), 1, 'M'))
+		return because("pthread_create failed");
+	if (!expect_wp_fault(a, 2)) {
+		writer_release(a, &w);
+		return because_with("write after mprotect");
+	}
+	err = uffd_wp(a->uffd, page_at(a, 2), page_size(), 0);
+	if (err) {
+		writer_release(a, &w);
+		return because("resolving: %s", strerror(-err));
+	}
+	if (!writer_joined(&w, FAULT_WAIT_MS)) {
+		writer_release(a, &w);
+		return because("writer not woken");
+	}
+	return expect_no_message(a, "after resolving") &&
+	       page_holds(a, 2, true, 'M') && page_holds(a, 3, false, 0);
+}
+
+static void case_mprotect(void)
+{
+	struct area a;
+	bool ok = area_setup(&a, 4, UFFDIO_REGISTER_MODE_WP) &&
+		  mprotect_keeps_wp(&a);
+
+	tap_check(ok, "writeprotect-mprotect-keeps-wp", "%s", why);
+	area_teardown(&a);
+}
+
 int main(void)
 {
 	watchdog(120);
-	tap_plan(16);
+	tap_plan(17);
 	case_pagemap_bit();
 	case_reads_never_fault();
 	case_every_write_faults();
@@ -669,5 +724,6 @@ int main(void)
 	case_unregistered();
 	case_missing_only();
 	case_scattered();
+	case_mprotect();
 	return tap_done();
 }
