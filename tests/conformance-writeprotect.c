@@ -355,33 +355,44 @@ static void case_every_write_faults(void)
 	area_teardown(&a);
 }
 
+/*
+ * A writer thread stores VAL at byte 0 of protected page I: it must stop in
+ * one WP fault at that page, and resolving the page (mode 0) must wake it.
+ */
+static bool write_faults_then_resolves(struct area *a, int i, char val)
+{
+	struct writer w;
+	int err;
+
+	if (writer_start(&w, page_at(a, i), 1, val))
+		return because("pthread_create failed");
+	if (!expect_wp_fault(a, i)) {
+		writer_release(a, &w);
+		return false;
+	}
+	err = uffd_wp(a->uffd, page_at(a, i), page_size(), 0);
+	if (err) {
+		writer_release(a, &w);
+		return because("resolving page %d: %s", i, strerror(-err));
+	}
+	if (!writer_joined(&w, FAULT_WAIT_MS)) {
+		writer_release(a, &w);
+		return because("page %d: writer not woken", i);
+	}
+	return true;
+}
+
 /* One page, protected, written, resolved, protected again, written again. */
 static bool reprotect_faults_again(struct area *a)
 {
 	for (int round = 0; round < 3; round++) {
 		char val = (char)('a' + round);
-		struct writer w;
-		int err;
 
 		if (!protect(a, 0, 1))
 			return false;
-		if (writer_start(&w, a->base, page_size(), val))
-			return because("pthread_create failed");
-		if (!expect_wp_fault(a, 0)) {
-			writer_release(a, &w);
+		if (!write_faults_then_resolves(a, 0, val))
 			return because_with(round ? "after re-protecting" :
 					    "first round");
-		}
-		err = uffd_wp(a->uffd, a->base, page_size(), 0);
-		if (err) {
-			writer_release(a, &w);
-			return because("round %d: resolving: %s", round,
-				       strerror(-err));
-		}
-		if (!writer_joined(&w, FAULT_WAIT_MS)) {
-			writer_release(a, &w);
-			return because("round %d: writer not woken", round);
-		}
 		if (a->base[0] != val)
 			return because("round %d: byte 0 is %#x, want %#x", round,
 				       (unsigned char)a->base[0],
@@ -668,9 +679,7 @@ static void case_scattered(void)
 static bool mprotect_keeps_wp(struct area *a)
 {
 	static const int prots[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
-	struct writer w;
 	size_t got;
-	int err;
 
 	if (!protect(a, 0, a->npages))
 		return false;
@@ -682,21 +691,8 @@ static bool mprotect_keeps_wp(struct area *a)
 	if (got != (size_t)a->npages)
 		return because("after mprotect %zu of %d pages have PM_UFFD_WP",
 			       got, a->npages);
-	if (writer_start(&w, page_at(a, 2), 1, 'M'))
-		return because("pthread_create failed");
-	if (!expect_wp_fault(a, 2)) {
-		writer_release(a, &w);
+	if (!write_faults_then_resolves(a, 2, 'M'))
 		return because_with("write after mprotect");
-	}
-	err = uffd_wp(a->uffd, page_at(a, 2), page_size(), 0);
-	if (err) {
-		writer_release(a, &w);
-		return because("resolving: %s", strerror(-err));
-	}
-	if (!writer_joined(&w, FAULT_WAIT_MS)) {
-		writer_release(a, &w);
-		return because("writer not woken");
-	}
 	return expect_no_message(a, "after resolving") &&
 	       page_holds(a, 2, true, 'M') && page_holds(a, 3, false, 0);
 }
