@@ -506,7 +506,8 @@ int uffdwp_backend_from_name(const char *name);
  * -errno uffdwp_tracker_new() would return for it (-EOPNOTSUPP: the
  * kernel lacks it; -EBUSY: soft-dirty is already used by a tracker;
  * -EINVAL: bad B).  uffdwp_backend_choose() returns the backend AUTO
- * would pick.  Thread safety: any thread.
+ * uses: the first the kernel has, even if busy (AUTO never falls back to
+ * another one).  Thread safety: any thread.
  */
 int uffdwp_backend_available(enum uffdwp_backend b);
 enum uffdwp_backend uffdwp_backend_choose(void);
@@ -517,25 +518,38 @@ struct uffdwp_tracker;
  * uffdwp_tracker_new - start tracking writes to NR regions (same rules as
  * for snapshots).  Every page counts as clean at this point.
  *
+ * AUTO uses uffdwp_backend_choose()'s backend or fails with its error
+ * (-EBUSY: a region is registered with another userfaultfd, say); it
+ * never switches to another backend.  Every backend reports every page
+ * written or discarded (MADV_DONTNEED...) since the last collect; see
+ * uffdwp_tracker_new(3) for what each may report in excess, and for the
+ * soft-dirty and mprotect backends' one miss (a discarded page read again
+ * before the collect, on some kernels).
+ *
  * Backend notes: soft-dirty clears the soft-dirty bits of the whole
  * process on every collect, so only one soft-dirty tracker may exist per
- * process; with it, a write racing with collect may be missed (the kernel
- * offers no atomic read-and-clear).  mprotect installs a SIGSEGV handler
- * (chaining to the previous one for faults outside trackers) and takes
- * PROT_WRITE away from the regions (each must have one protection
- * throughout; the protection it had is restored when the tracker is
- * freed); a kernel write into a tracked page (read(2) into it) fails with
- * EFAULT.  Memory backed by transparent hugepages may
- * be reported a whole 2 MiB extent at a time by the ring, PAGEMAP_SCAN
- * and soft-dirty backends.
+ * process; collect holds writers out of the regions (PROT_WRITE taken
+ * away, writers wait in a SIGSEGV handler) for its read-and-clear.
+ * mprotect installs the same SIGSEGV handler (faults it is not
+ * responsible for are retried once, then go to the previous handler or
+ * the default action) and takes PROT_WRITE away from the regions.  For
+ * both, each region must be writable with one protection throughout
+ * (restored when the tracker is freed), no two such trackers may share a
+ * page, and a kernel write into a read-only tracked page (read(2) into it)
+ * fails with EFAULT.  Memory backed by transparent hugepages may be
+ * reported a whole 2 MiB extent at a time by the ring, PAGEMAP_SCAN and
+ * soft-dirty backends.
  *
  * Returns 0 or:
- *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND; (mprotect)
- *             a region whose pages have different protections;
- *   -EOPNOTSUPP  the forced backend (or, for AUTO, every backend) is
- *             unavailable on this kernel;
+ *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND; (soft-dirty,
+ *             mprotect) a region not writable or whose pages have
+ *             different protections;
+ *   -EOPNOTSUPP  the backend (for AUTO: every backend) is unavailable on
+ *             this kernel;
  *   -EBUSY    a soft-dirty tracker exists already / region registered;
- *   -ENOSPC   (mprotect) too many mprotect trackers (limit 16);
+ *             (soft-dirty, mprotect) a region overlaps another such
+ *             tracker's;
+ *   -ENOSPC   too many soft-dirty and mprotect trackers (limit 16);
  *   -ENOMEM, or what the kernel returned.
  * Thread safety: any thread.
  */
@@ -564,7 +578,7 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 			       size_t max);
 
 /* Stop tracking (unprotect, restore protections) and free.  NULL ignored.
- * Thread safety: once, when no other call on T runs. */
+ * Thread safety: once, when no other call on T runs; writers may run. */
 void uffdwp_tracker_free(struct uffdwp_tracker *t);
 
 #ifdef __cplusplus

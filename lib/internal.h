@@ -133,6 +133,11 @@ struct uffdwp_tracker {
 	_Atomic uint64_t *faulted;	/* mprotect: set by SIGSEGV handler */
 	int *prot;			/* mprotect: each region's protection */
 	int slot;			/* mprotect: handler table slot */
+	/* mprotect and soft-dirty (tracker_mprotect.c, tracker.c) */
+	atomic_int hold;		/* soft-dirty: writers wait in the handler */
+	_Atomic uint64_t *mapped;	/* page not none at the last pagemap pass */
+	_Atomic uint64_t *own;		/* page present exclusive or swapped then */
+	uint64_t *pfn;			/* its frame then, if pagemap shows it */
 };
 
 /* Test seam: ring trackers created while it is set act as on a kernel
@@ -148,6 +153,26 @@ extern uint64_t uw_precopy_switch_ns, uw_precopy_harvest_ns;
 extern void (*uw_precopy_after_round)(uint64_t round);
 extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
 	uw_mprotect_ops;
+
+/* The SIGSEGV handler of the mprotect backend, shared with soft-dirty
+ * (tracker_mprotect.c).  Attach: refuse regions another attached tracker
+ * covers (-EBUSY) or that are not writable with one protection throughout
+ * (-EINVAL), record their protections, enter the handler's table and (if
+ * PROTECT) take PROT_WRITE away.  Detach: give the protections back, leave
+ * the table, wait for handlers using T.  Hold/release: regions read-only
+ * and writers waiting in the handler in between (soft-dirty's read and
+ * clear). */
+int uw_segv_attach(struct uffdwp_tracker *t, bool protect);
+void uw_segv_detach(struct uffdwp_tracker *t, bool restore);
+int uw_segv_hold(struct uffdwp_tracker *t);
+int uw_segv_release(struct uffdwp_tracker *t);
+/* Pagemap passes (tracker.c): open /proc/self/pagemap and the state
+ * bitmaps; one pass reads every region's entries, marks pending the pages
+ * whose content the program discarded since the last pass (and, if
+ * SOFT_DIRTY, the soft-dirty ones) unless FIRST; close. */
+int uw_pagemap_open(struct uffdwp_tracker *t);
+int uw_pagemap_pass(struct uffdwp_tracker *t, bool soft_dirty, bool first);
+void uw_pagemap_close(struct uffdwp_tracker *t);
 
 /* PAGEMAP_SCAN over every region: pages written (PAGE_IS_WRITTEN) are set
  * in t->pending and protected again.  Shared by the scan and ring

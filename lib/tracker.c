@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -62,18 +63,123 @@ int uffdwp_backend_available(enum uffdwp_backend b)
 	}
 }
 
+/*
+ * AUTO takes the first backend the kernel has (even if it is busy), and
+ * only that one: a backend that fails for these regions (-EBUSY from
+ * another userfaultfd, say) is an error to report, not a reason to switch
+ * silently to one with other costs and side effects.
+ */
 enum uffdwp_backend uffdwp_backend_choose(void)
 {
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
-		if (!uffdwp_backend_available(b))
+		if (uffdwp_backend_available(b) != -EOPNOTSUPP)
 			return b;
 	return UFFDWP_BACKEND_MPROTECT;
+}
+
+#define PM_PRESENT	(1ULL << 63)
+#define PM_SWAP		(1ULL << 62)
+#define PM_EXCLUSIVE	(1ULL << 56)
+#define PM_SOFT_DIRTY	(1ULL << 55)
+#define PM_PFN		((1ULL << 55) - 1)
+#define PM_BATCH	4096	/* pagemap entries per pread */
+
+int uw_pagemap_open(struct uffdwp_tracker *t)
+{
+	t->vec_len = PM_BATCH * 8 / sizeof(*t->vec);
+	t->vec = uw_alloc(PM_BATCH * 8);
+	t->mapped = uw_alloc(t->words * 8);
+	t->own = uw_alloc(t->words * 8);
+	t->pfn = uw_alloc(t->rs.pages * 8);
+	if (!t->vec || !t->mapped || !t->own || !t->pfn)
+		return -ENOMEM;
+	t->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	return t->pagemap_fd < 0 ? -errno : 0;
+}
+
+void uw_pagemap_close(struct uffdwp_tracker *t)
+{
+	if (t->pagemap_fd >= 0)
+		close(t->pagemap_fd);
+	t->pagemap_fd = -1;
+	uw_free(t->vec, PM_BATCH * 8);
+	uw_free(t->mapped, t->words * 8);
+	uw_free(t->own, t->words * 8);
+	uw_free(t->pfn, t->rs.pages * 8);
+	t->pfn = NULL;
+	t->vec = NULL;
+	t->mapped = t->own = NULL;
+	t->vec_len = 0;
+}
+
+/*
+ * A page's content changes without a write fault when the program discards
+ * it (MADV_DONTNEED, MADV_FREE once reclaimed, MADV_REMOVE): it reads as
+ * zeroes afterwards.  Its pagemap entry shows it: mapped (present or
+ * swapped) before, none after; or a page of its own (present and
+ * exclusive, or swapped) before, the shared zero page after (read after
+ * the discard); or, where pagemap shows page frames (CAP_SYS_ADMIN), a
+ * present page on another frame.  Such a page is reported as written.
+ * Fork, KSM, migration and compaction change these too: reported then as
+ * well, more than was written.  Without frames, a discarded page read
+ * again before the next pass is missed where the kernel gives it a page
+ * of its own (no shared zero page) or where it was shared before.
+ */
+int uw_pagemap_pass(struct uffdwp_tracker *t, bool soft_dirty, bool first)
+{
+	uint64_t *e = (uint64_t *)t->vec;
+	size_t psz = uw_page_size();
+
+	for (size_t i = 0; i < t->rs.nr; i++) {
+		size_t pages = t->rs.r[i].len / psz;
+		uintptr_t base = (uintptr_t)t->rs.r[i].addr;
+
+		for (size_t done = 0; done < pages;) {
+			size_t n = pages - done < PM_BATCH ? pages - done : PM_BATCH;
+			off_t off = (off_t)((base / psz + done) * 8);
+			ssize_t got = pread(t->pagemap_fd, e, n * 8, off);
+
+			if (got < 0 && errno == EINTR)
+				continue;
+			if (got < 0)
+				return -errno;
+			if (got < 8)
+				return -EIO;
+			n = (size_t)got / 8;
+			for (size_t k = 0; k < n; k++) {
+				size_t idx = t->rs.first[i] + done + k;
+				bool mapped = e[k] & (PM_PRESENT | PM_SWAP);
+				bool own = (e[k] & PM_SWAP) ||
+					   (e[k] & (PM_PRESENT | PM_EXCLUSIVE)) ==
+					   (PM_PRESENT | PM_EXCLUSIVE);
+				bool was_mapped = uw_bit_test(t->mapped, idx);
+				bool was_own = uw_bit_test(t->own, idx);
+				uint64_t pfn = e[k] & PM_PRESENT ? e[k] & PM_PFN : 0;
+				bool moved = pfn && t->pfn[idx] && pfn != t->pfn[idx];
+
+				if (!first && ((soft_dirty && (e[k] & PM_SOFT_DIRTY)) ||
+					       (was_mapped && !mapped) ||
+					       (was_own && !own) || moved))
+					uw_bit_set(t->pending, idx);
+				t->pfn[idx] = pfn;
+				if (mapped != was_mapped)
+					atomic_fetch_xor_explicit(&t->mapped[idx / 64],
+						1ULL << (idx % 64), memory_order_relaxed);
+				if (own != was_own)
+					atomic_fetch_xor_explicit(&t->own[idx / 64],
+						1ULL << (idx % 64), memory_order_relaxed);
+			}
+			done += n;
+		}
+	}
+	return 0;
 }
 
 static void tracker_destroy(struct uffdwp_tracker *t)
 {
 	if (t->ops)
 		t->ops->stop(t);
+	uw_pagemap_close(t);
 	uw_free(t->pending, t->words * 8);
 	uw_regions_fini(&t->rs);
 	uw_free(t, (sizeof(*t) + uw_page_size() - 1) / uw_page_size() *
@@ -105,24 +211,16 @@ int uffdwp_tracker_new(struct uffdwp_tracker **out,
 		err = -ENOMEM;
 		goto fail;
 	}
-	err = -EOPNOTSUPP;
-	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++) {
-		if (backend != UFFDWP_BACKEND_AUTO && (int)backend != b)
-			continue;
-		err = uffdwp_backend_available(b);
-		if (err)
-			continue;
-		t->backend = b;
-		t->ops = ops[b];
-		err = t->ops->start(t);
-		if (!err)
-			break;
-		/* Undo what start did, then try the next one (AUTO). */
-		t->ops->stop(t);
-		t->ops = NULL;
-	}
+	if (backend == UFFDWP_BACKEND_AUTO)
+		backend = uffdwp_backend_choose();	/* no other (see there) */
+	err = uffdwp_backend_available(backend);
 	if (err)
 		goto fail;
+	t->backend = backend;
+	t->ops = ops[backend];
+	err = t->ops->start(t);
+	if (err)
+		goto fail;	/* destroy calls stop: undoes what start did */
 	*out = t;
 	return 0;
 fail:

@@ -4,8 +4,15 @@
  * /proc/self/clear_refs clears the soft-dirty bit of every page of the
  * process; the kernel sets it again on the next write, and pagemap shows it
  * as bit 55.  Collect reads the bits of the regions, then clears them all.
- * A write between the read and the clear is lost (no atomic read-and-clear
- * exists), hence the last-but-one place in the order of preference.
+ *
+ * No atomic read-and-clear exists, so a write between the read and the
+ * clear would be lost.  Collect therefore holds the writers out of the
+ * regions for that window: it takes PROT_WRITE away from them, and a write
+ * meanwhile waits in the SIGSEGV handler of the mprotect backend
+ * (tracker_mprotect.c) until the window ends, then is retried.  The same
+ * pagemap pass finds the pages the program discarded (tracker.c).  A write
+ * by the kernel into the regions during collect (read(2) into them) fails
+ * with EFAULT, as with the mprotect backend all the time.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,9 +20,6 @@
 #include <unistd.h>
 
 #include "internal.h"
-
-#define PM_SOFT_DIRTY_BIT	(1ULL << 55)
-#define BATCH			4096	/* pagemap entries per pread */
 
 static atomic_bool soft_dirty_used;
 
@@ -55,58 +59,36 @@ static int sd_start(struct uffdwp_tracker *t)
 
 	if (err)
 		return err;
-	t->slot = 0;		/* marks the claim as ours */
-	t->vec_len = BATCH * 8 / sizeof(*t->vec);
-	t->vec = uw_alloc(BATCH * 8);
-	if (!t->vec)
-		return -ENOMEM;
-	t->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	if (t->pagemap_fd < 0)
-		return -errno;
-	return uw_clear_refs_soft_dirty();
+	t->registered = true;	/* marks the claim as ours */
+	err = uw_segv_attach(t, false);
+	if (!err)
+		err = uw_pagemap_open(t);
+	if (!err)
+		err = uw_clear_refs_soft_dirty();
+	if (!err)
+		err = uw_pagemap_pass(t, false, true);
+	return err;
 }
 
 static int sd_gather(struct uffdwp_tracker *t)
 {
-	uint64_t *e = (uint64_t *)t->vec;
-	size_t psz = uw_page_size();
+	int err = uw_segv_hold(t), err2;
 
-	for (size_t i = 0; i < t->rs.nr; i++) {
-		size_t pages = t->rs.r[i].len / psz;
-		uintptr_t base = (uintptr_t)t->rs.r[i].addr;
-
-		for (size_t done = 0; done < pages;) {
-			size_t n = pages - done < BATCH ? pages - done : BATCH;
-			off_t off = (off_t)((base / psz + done) * 8);
-			ssize_t got = pread(t->pagemap_fd, e, n * 8, off);
-
-			if (got < 0 && errno == EINTR)
-				continue;
-			if (got < 0)
-				return -errno;
-			if (got == 0)
-				return -EIO;
-			n = (size_t)got / 8;
-			for (size_t k = 0; k < n; k++)
-				if (e[k] & PM_SOFT_DIRTY_BIT)
-					uw_bit_set(t->pending, t->rs.first[i] +
-						   done + k);
-			done += n;
-		}
-	}
-	return uw_clear_refs_soft_dirty();
+	if (!err)
+		err = uw_pagemap_pass(t, true, false);
+	if (!err)
+		err = uw_clear_refs_soft_dirty();
+	err2 = uw_segv_release(t);
+	return err ? err : err2;
 }
 
 static void sd_stop(struct uffdwp_tracker *t)
 {
-	if (t->pagemap_fd >= 0)
-		close(t->pagemap_fd);
-	t->pagemap_fd = -1;
-	uw_free(t->vec, BATCH * 8);
-	t->vec = NULL;
-	if (t->slot == 0)
+	uw_segv_detach(t, false);
+	uw_pagemap_close(t);
+	if (t->registered)
 		uw_soft_dirty_release();
-	t->slot = -1;
+	t->registered = false;
 }
 
 const struct uw_tracker_ops uw_softdirty_ops = {

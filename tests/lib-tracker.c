@@ -16,12 +16,16 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -33,6 +37,14 @@ static long psz;
 static char *area;		/* PAGES pages between two PROT_NONE guards */
 static char got_sets[UFFDWP_BACKEND_COUNT][3][PAGES];
 static bool ran[UFFDWP_BACKEND_COUNT];
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
 static char *map_guarded(size_t pages)
 {
@@ -465,16 +477,599 @@ out:
 	munmap(p - psz, (BIG_PAGES + 2) * psz);
 }
 
+/*
+ * tracker-differential-<backend>[-discard]: writer threads write random
+ * values to random pages (now and then a run of pages) for a bounded time
+ * while this thread collects again and again and copies every page
+ * reported into a shadow; with DISCARD, another thread discards random
+ * pages (MADV_DONTNEED) and reads some back (the shared zero page), among
+ * them the last quarter, which the writers leave alone then.  After
+ * the writers stop and a last collect, the shadow must equal the memory.
+ * Seed from UFFDWP_SEED (printed); duration UFFDWP_DIFF_MS per case
+ * (default 400).
+ */
+#define DIFF_PAGES	1024
+#define DIFF_WRITERS	3
+
+static unsigned long long seed;
+static long diff_ms = 400;
+
+static bool discard_read_visible(void);
+
+struct diff {
+	char *mem;
+	atomic_int stop;
+	bool discard, read_back;
+	struct {
+		pthread_t th;
+		struct diff *d;
+		unsigned long long rng;
+		long writes, discards;
+	} w[DIFF_WRITERS + 1];	/* the last one discards */
+};
+
+static unsigned long long rnd(unsigned long long *x)
+{
+	/* xorshift64* */
+	*x ^= *x >> 12;
+	*x ^= *x << 25;
+	*x ^= *x >> 27;
+	return *x * 2685821657736338717ULL;
+}
+
+static void *diff_writer(void *arg)
+{
+	typeof(((struct diff *)0)->w[0]) *w = arg;
+	struct diff *d = w->d;
+	bool discarder = w == &d->w[DIFF_WRITERS];
+
+	while (!atomic_load_explicit(&d->stop, memory_order_relaxed)) {
+		unsigned long long r = rnd(&w->rng);
+		long pg = (long)(r % (discarder ? DIFF_PAGES : DIFF_PAGES * 3 / 4));
+		long run = (r >> 20) % 16 == 0 ? 1 + (long)((r >> 24) % 8) : 1;
+
+		if (discarder) {
+			madvise(d->mem + pg * psz, psz, MADV_DONTNEED);
+			if (d->read_back && (r >> 40) & 1)
+				(void)((volatile char *)d->mem)[pg * psz];
+			w->discards++;
+			usleep(20);
+			continue;
+		}
+		for (long k = 0; k < run && pg + k < DIFF_PAGES; k++) {
+			size_t off = (size_t)(rnd(&w->rng) % (psz / 8)) * 8;
+
+			atomic_store_explicit((_Atomic unsigned long long *)
+					      (d->mem + (pg + k) * psz + off),
+					      rnd(&w->rng), memory_order_relaxed);
+			w->writes++;
+		}
+	}
+	return NULL;
+}
+
+static void t_differential(enum uffdwp_backend b, bool discard)
+{
+	char name[80], why[256] = "";
+	struct uffdwp_tracker *t = NULL;
+	struct diff d = { .discard = discard };
+	char *shadow = NULL;
+	void **pages = NULL;
+	long rounds = 0, reported = 0, writes = 0, discards = 0, stale = 0,
+	     first_stale = -1;
+	int err = uffdwp_backend_available(b);
+	unsigned long long rng = seed ^ ((unsigned long long)b << 32 | discard);
+
+	snprintf(name, sizeof(name), "tracker-differential-%s%s",
+		 uffdwp_backend_name(b), discard ? "-discard" : "");
+	if (err) {
+		tap_skip(name, "backend %s unavailable on this kernel: %s",
+			 uffdwp_backend_name(b), strerror(-err));
+		return;
+	}
+	/* See discard_read_visible(): the exception documented. */
+	d.read_back = discard_read_visible() || (b != UFFDWP_BACKEND_SOFT_DIRTY &&
+						b != UFFDWP_BACKEND_MPROTECT);
+	if (discard && !d.read_back)
+		tap_diag("%s: discarded pages not read back: this kernel maps no shared zero page (documented)",
+			 name);
+	d.mem = map_guarded(DIFF_PAGES);
+	shadow = malloc(DIFF_PAGES * psz);
+	pages = malloc(DIFF_PAGES * sizeof(*pages));
+	if (!d.mem || !shadow || !pages)
+		tap_bail("%s: no memory", name);
+	/* Three pages in four populated with data, the fourth never touched. */
+	for (long i = 0; i < DIFF_PAGES; i++)
+		if (i % 4 != 3)
+			memset(d.mem + i * psz, (int)(i | 1), psz);
+	memcpy(shadow, d.mem, DIFF_PAGES * psz);
+	struct uffdwp_region r = { d.mem, DIFF_PAGES * psz };
+
+	err = uffdwp_tracker_new(&t, &r, 1, b);
+	if (err) {
+		tap_fail(name, "tracker_new: %s", strerror(-err));
+		goto out;
+	}
+	for (int i = 0; i < DIFF_WRITERS + discard; i++) {
+		d.w[i].d = &d;
+		d.w[i].rng = rnd(&rng) | 1;
+		pthread_create(&d.w[i].th, NULL, diff_writer, &d.w[i]);
+	}
+	uint64_t end = now_ms() + (uint64_t)diff_ms;
+	bool stopped = false;
+
+	for (;;) {
+		ssize_t n;
+
+		if (!stopped && now_ms() >= end) {
+			atomic_store(&d.stop, 1);
+			for (int i = 0; i < DIFF_WRITERS + discard; i++) {
+				pthread_join(d.w[i].th, NULL);
+				writes += d.w[i].writes;
+				discards += d.w[i].discards;
+			}
+			stopped = true;	/* then one last collect */
+		}
+		n = uffdwp_tracker_collect(t, pages, DIFF_PAGES);
+		if (n < 0) {
+			snprintf(why, sizeof(why), "collect: %s", strerror((int)-n));
+			break;
+		}
+		rounds++;
+		reported += n;
+		for (ssize_t i = 0; i < n; i++) {
+			long idx = ((char *)pages[i] - d.mem) / psz;
+
+			if (idx < 0 || idx >= DIFF_PAGES) {
+				snprintf(why, sizeof(why), "collect reported %p, outside",
+					 pages[i]);
+				break;
+			}
+			memcpy(shadow + idx * psz, d.mem + idx * psz, psz);
+		}
+		if (why[0] || (stopped && n < DIFF_PAGES))
+			break;
+		if (!stopped && rnd(&rng) % 4 == 0)
+			usleep((useconds_t)(rnd(&rng) % 500));
+	}
+	if (!stopped) {
+		atomic_store(&d.stop, 1);
+		for (int i = 0; i < DIFF_WRITERS + discard; i++)
+			pthread_join(d.w[i].th, NULL);
+	}
+	for (long i = 0; i < DIFF_PAGES && !why[0]; i++)
+		if (memcmp(shadow + i * psz, d.mem + i * psz, psz)) {
+			stale++;
+			if (first_stale < 0)
+				first_stale = i;
+		}
+	if (!why[0] && stale)
+		snprintf(why, sizeof(why),
+			 "%ld of %d pages stale in the shadow (first: page %ld)",
+			 stale, DIFF_PAGES, first_stale);
+	if (!why[0] && (writes == 0 || rounds < 3))
+		snprintf(why, sizeof(why), "no test: %ld writes, %ld collects",
+			 writes, rounds);
+out:
+	uffdwp_tracker_free(t);
+	tap_check(!why[0], name,
+		  "%s; seed %llu (UFFDWP_SEED), %ld ms, %ld writes, %ld discards, %ld collects reporting %ld pages",
+		  why, seed, diff_ms, writes, discards, rounds, reported);
+	if (d.mem)
+		munmap(d.mem - psz, (DIFF_PAGES + 2) * psz);
+	free(shadow);
+	free(pages);
+}
+
+/*
+ * tracker-discard-<backend>: pages the program discards (MADV_DONTNEED)
+ * read as zeroes afterwards; every backend reports them, whether they are
+ * left alone or read again (the shared zero page) before the collect, and
+ * all backends report the same pages.
+ */
+/*
+ * The pagemap backends (mprotect, soft-dirty) can tell that a discarded
+ * page was read again (before the next collect) only if the read mapped
+ * the shared zero page (not exclusive); some kernels give the read a page
+ * of its own instead (the page frame, where pagemap shows it, is often
+ * the one just freed).  Which holds here?
+ */
+static bool discard_read_visible(void)
+{
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	char *m = mmap(NULL, 2 * psz, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint64_t e[2] = { 0, 0 };
+
+	if (fd < 0 || m == MAP_FAILED)
+		tap_bail("pagemap: %s", strerror(errno));
+	m[0] = 1;
+	(void)((volatile char *)m)[psz];
+	if (pread(fd, e, 16, (off_t)((uintptr_t)m / psz * 8)) != 16)
+		tap_bail("pagemap: %s", strerror(errno));
+	close(fd);
+	munmap(m, 2 * psz);
+	return (e[0] & (1ULL << 56)) && !(e[1] & (1ULL << 56));
+}
+
+static char discard_sets[UFFDWP_BACKEND_COUNT][PAGES];
+static bool discard_ran[UFFDWP_BACKEND_COUNT];
+
+static void t_discard(enum uffdwp_backend b)
+{
+	char name[64], why[640] = "", got[PAGES], want[PAGES] = { 0 };
+	struct uffdwp_tracker *t = NULL;
+	struct uffdwp_region r = { area, PAGES * psz };
+	int err = uffdwp_backend_available(b), n;
+
+	snprintf(name, sizeof(name), "tracker-discard-%s", uffdwp_backend_name(b));
+	if (err) {
+		tap_skip(name, "backend %s unavailable on this kernel: %s",
+			 uffdwp_backend_name(b), strerror(-err));
+		return;
+	}
+	munmap(area, PAGES * psz);
+	area = mmap(area, PAGES * psz, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	madvise(area, PAGES * psz, MADV_NOHUGEPAGE);
+	memset(area, 7, PAGES / 2 * psz);	/* 48.. never touched */
+	err = uffdwp_tracker_new(&t, &r, 1, b);
+	if (err) {
+		tap_fail(name, "tracker_new: %s", strerror(-err));
+		return;
+	}
+	/* Written after start: reported, then discarded. */
+	area[10 * psz] = 8;
+	area[60 * psz] = 8;
+	n = collect_all(t, got, PAGES);
+	if (n != 2 || !got[10] || !got[60]) {
+		snprintf(why, sizeof(why), "first round: %d pages, want 10 and 60", n);
+		goto out;
+	}
+	/* Discarded: 3 and 10 left alone, 4 and 60 read back; 50 (never
+	 * touched) discarded and 51 (never touched) read: nothing changes. */
+	const int gone[] = { 3, 4, 10, 60, 50 };
+
+	for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++)
+		madvise(area + gone[i] * psz, psz, MADV_DONTNEED);
+	(void)((volatile char *)area)[4 * psz];
+	(void)((volatile char *)area)[60 * psz];
+	(void)((volatile char *)area)[51 * psz];
+	want[3] = want[4] = want[10] = want[60] = 1;
+	n = collect_all(t, got, PAGES);
+	/* 50: zero before and after; reporting it is allowed.  4 and 60:
+	 * see discard_read_visible(). */
+	got[50] = 0;
+	if (!discard_read_visible() && (b == UFFDWP_BACKEND_SOFT_DIRTY ||
+					b == UFFDWP_BACKEND_MPROTECT)) {
+		if (!got[4] || !got[60])
+			tap_diag("%s: discarded pages read again not reported: this kernel maps no shared zero page (documented)",
+				 name);
+		got[4] = got[60] = 1;
+	}
+	memcpy(discard_sets[b], got, PAGES);
+	if (n < 0 || memcmp(got, want, PAGES)) {
+		char w[300], g[300];
+
+		describe(w, sizeof(w), want);
+		describe(g, sizeof(g), got);
+		snprintf(why, sizeof(why), "after discards (%d): want [%s] got [%s]",
+			 n, w, g);
+		goto out;
+	}
+	n = collect_all(t, got, PAGES);
+	if (n != 0)
+		snprintf(why, sizeof(why), "quiet round after discards: %d pages", n);
+	else
+		discard_ran[b] = true;
+out:
+	uffdwp_tracker_free(t);
+	tap_check(!why[0], name, "%s", why);
+}
+
+static void t_discard_agree(void)
+{
+	int first = -1, nran = 0;
+	bool ok = true;
+
+	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++) {
+		if (!discard_ran[b])
+			continue;
+		nran++;
+		if (first < 0)
+			first = b;
+		else
+			ok &= !memcmp(discard_sets[b], discard_sets[first], PAGES);
+	}
+	if (nran < 2) {
+		tap_skip("tracker-discard-backends-agree",
+			 "fewer than two backends passed tracker-discard here");
+		return;
+	}
+	tap_check(ok, "tracker-discard-backends-agree",
+		  "backends report different discarded pages");
+}
+
+/* Run FN in a child with a watchdog of SECS: its exit status or signal,
+ * as "exit N" / "signal N" in OUT; true if it exited 0. */
+static bool in_child(void (*fn)(void), unsigned int secs, char *out, size_t len)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid < 0) {
+		snprintf(out, len, "fork: %s", strerror(errno));
+		return false;
+	}
+	if (pid == 0) {
+		alarm(secs);
+		fn();
+		_exit(0);
+	}
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (WIFSIGNALED(status))
+		snprintf(out, len, "killed by signal %d (%s)", WTERMSIG(status),
+			 strsignal(WTERMSIG(status)));
+	else
+		snprintf(out, len, "exit %d", WEXITSTATUS(status));
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int child_signal(const char *res)
+{
+	int sig = -1;
+
+	sscanf(res, "killed by signal %d", &sig);
+	return sig;
+}
+
+/*
+ * tracker-mprotect-free-while-writing: trackers made and freed again and
+ * again while writers keep writing the memory (allowed: "writers may
+ * run"); no writer may die.  In a child, with a watchdog.
+ */
+static atomic_int fw_stop;
+static char *fw_mem;
+
+static void *fw_writer(void *arg)
+{
+	unsigned long long x = (unsigned long long)(uintptr_t)arg | 1;
+
+	while (!atomic_load_explicit(&fw_stop, memory_order_relaxed))
+		((volatile char *)fw_mem)[rnd(&x) % (64 * psz)]++;
+	return NULL;
+}
+
+static void fw_child(void)
+{
+	pthread_t th[3];
+	struct uffdwp_region r;
+	void *pg[64];
+
+	fw_mem = map_guarded(64);
+	r = (struct uffdwp_region){ fw_mem, 64 * psz };
+	for (int i = 0; i < 3; i++)
+		pthread_create(&th[i], NULL, fw_writer, (void *)(uintptr_t)(i + 1));
+	uint64_t end = now_ms() + 1000;
+
+	for (int i = 0; i < 5000 && now_ms() < end; i++) {
+		struct uffdwp_tracker *t = NULL;
+
+		if (uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_MPROTECT))
+			_exit(3);
+		for (int k = 0; k < 1000; k++)
+			__asm__ volatile("" ::: "memory");
+		if (uffdwp_tracker_collect(t, pg, 64) < 0)
+			_exit(4);
+		uffdwp_tracker_free(t);
+	}
+	atomic_store(&fw_stop, 1);
+	for (int i = 0; i < 3; i++)
+		pthread_join(th[i], NULL);
+}
+
+static void t_free_while_writing(void)
+{
+	char res[128];
+	bool ok = in_child(fw_child, 30, res, sizeof(res));
+
+	tap_check(ok, "tracker-mprotect-free-while-writing",
+		  "trackers made and freed for 1 s under 3 writers: child %s", res);
+}
+
+/*
+ * tracker-mprotect-not-ours: the mprotect backend refuses a region it
+ * cannot make writable (read-only: -EINVAL) instead of accepting it and
+ * then spinning on a stray write; a write the tracker is not responsible
+ * for goes to the SIGSEGV handler that was there before, or, with none,
+ * kills the process as without the library; a fault that making the page
+ * writable does not cure (a jump into a tracked page) does not loop.
+ */
+static char *no_mem;
+static atomic_int prev_calls;
+
+static void prev_handler(int sig, siginfo_t *si, void *uc)
+{
+	char *page = (char *)((uintptr_t)si->si_addr & ~(uintptr_t)(psz - 1));
+
+	(void)sig;
+	(void)uc;
+	if (page == no_mem + 5 * psz)
+		atomic_fetch_add(&prev_calls, 1);
+	else
+		atomic_fetch_add(&prev_calls, 1000);	/* not its fault */
+	mprotect(page, psz, PROT_READ | PROT_WRITE);
+}
+
+static void ro_write_child(void)
+{
+	struct uffdwp_region r = { no_mem, 4 * psz };
+	struct uffdwp_tracker *t = NULL;
+
+	if (uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_MPROTECT))
+		_exit(3);
+	no_mem[0] = 1;				/* tracked */
+	mprotect(no_mem + 5 * psz, psz, PROT_READ);
+	((volatile char *)no_mem)[5 * psz] = 1;	/* not: must die here */
+	_exit(5);
+}
+
+static void exec_child(void)
+{
+	struct uffdwp_region r = { no_mem, 4 * psz };
+	struct uffdwp_tracker *t = NULL;
+
+	if (uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_MPROTECT))
+		_exit(3);
+	no_mem[psz] = (char)0xc3;	/* x86 ret; anything will do */
+	((void (*)(void))(no_mem + psz))();	/* not executable: dies */
+	_exit(5);
+}
+
+static void prev_child(void)
+{
+	struct uffdwp_region rw = { no_mem, 4 * psz };
+	struct uffdwp_tracker *t = NULL;
+	struct sigaction sa;
+	void *pg[4] = { NULL };
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = prev_handler;
+	sa.sa_flags = SA_SIGINFO;
+	sigaction(SIGSEGV, &sa, NULL);
+	if (uffdwp_tracker_new(&t, &rw, 1, UFFDWP_BACKEND_MPROTECT))
+		_exit(6);
+	mprotect(no_mem + 5 * psz, psz, PROT_READ);
+	((volatile char *)no_mem)[5 * psz] = 9;
+	no_mem[2 * psz] = 9;
+	if (atomic_load(&prev_calls) != 1 || no_mem[5 * psz] != 9)
+		_exit(7);
+	if (uffdwp_tracker_collect(t, pg, 4) != 1 || pg[0] != no_mem + 2 * psz)
+		_exit(8);
+	uffdwp_tracker_free(t);
+}
+
+static void t_not_ours(void)
+{
+	const char *name = "tracker-mprotect-not-ours";
+	struct uffdwp_region ro;
+	struct uffdwp_tracker *t = NULL;
+	char res1[128], res2[128], res3[128];
+	int err_ro;
+
+	no_mem = mmap(NULL, 8 * psz, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (no_mem == MAP_FAILED)
+		tap_bail("%s: no memory", name);
+	mprotect(no_mem + 4 * psz, psz, PROT_NONE);	/* its own VMAs */
+	/* Read-only: refused, and nothing is left behind. */
+	mprotect(no_mem + 6 * psz, 2 * psz, PROT_READ);
+	ro = (struct uffdwp_region){ no_mem + 6 * psz, 2 * psz };
+	err_ro = uffdwp_tracker_new(&t, &ro, 1, UFFDWP_BACKEND_MPROTECT);
+	if (t)
+		uffdwp_tracker_free(t);
+	t = NULL;
+	mprotect(no_mem + 6 * psz, 2 * psz, PROT_READ | PROT_WRITE);
+	/* A stray write with no handler before: the process dies (SIGSEGV)
+	 * rather than spinning; and a fetch from a tracked page too. */
+	bool ok1 = in_child(ro_write_child, 10, res1, sizeof(res1));
+	bool ok2 = in_child(exec_child, 10, res2, sizeof(res2));
+	/* A handler the program installed (after an earlier tracker put the
+	 * library's in) gets the faults outside trackers of a new one. */
+	bool ok3 = in_child(prev_child, 10, res3, sizeof(res3));
+
+	tap_check(err_ro == -EINVAL && !ok1 && child_signal(res1) == SIGSEGV &&
+		  !ok2 && child_signal(res2) == SIGSEGV && ok3, name,
+		  "read-only region: %d (want -EINVAL); stray write: child %s; jump into tracked page: child %s (want SIGSEGV for both); previous handler: child %s (exit 6: tracker_new failed, 7: the handler got faults not its own or none, 8: the tracker missed its write)",
+		  err_ro, res1, res2, res3);
+	munmap(no_mem, 8 * psz);
+}
+
+/*
+ * tracker-mprotect-overlap: a second mprotect tracker over pages another
+ * one tracks is refused (-EBUSY): it would never see a write.  Adjacent
+ * memory is fine.
+ */
+static void t_overlap(void)
+{
+	char *m = map_guarded(8);
+	struct uffdwp_region a = { m, 4 * psz }, same = { m, 4 * psz },
+			     part = { m + 3 * psz, 2 * psz },
+			     next = { m + 4 * psz, 4 * psz };
+	struct uffdwp_tracker *t1 = NULL, *t2 = NULL, *t3 = NULL, *t4 = NULL;
+	int e1, e2, e3, e4;
+
+	e1 = uffdwp_tracker_new(&t1, &a, 1, UFFDWP_BACKEND_MPROTECT);
+	e2 = uffdwp_tracker_new(&t2, &same, 1, UFFDWP_BACKEND_MPROTECT);
+	e3 = uffdwp_tracker_new(&t3, &part, 1, UFFDWP_BACKEND_MPROTECT);
+	e4 = uffdwp_tracker_new(&t4, &next, 1, UFFDWP_BACKEND_MPROTECT);
+	uffdwp_tracker_free(t1);
+	uffdwp_tracker_free(t2);
+	uffdwp_tracker_free(t3);
+	uffdwp_tracker_free(t4);
+	tap_check(!e1 && e2 == -EBUSY && e3 == -EBUSY && !e4 && !t2 && !t3,
+		  "tracker-mprotect-overlap",
+		  "first %d, same memory %d, partly %d (want -EBUSY), adjacent %d (want 0)",
+		  e1, e2, e3, e4);
+	munmap(m - psz, 10 * psz);
+}
+
+/*
+ * tracker-auto-no-silent-switch: AUTO uses uffdwp_backend_choose()'s
+ * backend or fails; memory another tracker of that backend holds is
+ * -EBUSY, not a quiet fall back to another backend.
+ */
+static void t_auto_busy(void)
+{
+	const char *name = "tracker-auto-no-silent-switch";
+	enum uffdwp_backend b = uffdwp_backend_choose();
+	char *m = map_guarded(8);
+	struct uffdwp_region r = { m, 8 * psz };
+	struct uffdwp_tracker *t1 = NULL, *t2 = NULL;
+	int e1, e2;
+
+	e1 = uffdwp_tracker_new(&t1, &r, 1, b);
+	e2 = uffdwp_tracker_new(&t2, &r, 1, UFFDWP_BACKEND_AUTO);
+	tap_check(!e1 && e2 == -EBUSY && !t2 && uffdwp_backend_choose() == b, name,
+		  "first tracker (%s): %d; AUTO on the same memory: %d with backend %s (want -EBUSY, none)",
+		  uffdwp_backend_name(b), e1, e2,
+		  t2 ? uffdwp_backend_name(uffdwp_tracker_backend(t2)) : "none");
+	uffdwp_tracker_free(t2);
+	uffdwp_tracker_free(t1);
+	munmap(m - psz, 10 * psz);
+}
+
 int main(void)
 {
+	const char *env = getenv("UFFDWP_SEED");
+
 	psz = sysconf(_SC_PAGESIZE);
 	area = map_guarded(PAGES);
 	if (!area)
 		tap_bail("no memory");
-	tap_plan(17);
+	seed = env ? strtoull(env, NULL, 0) : (unsigned long long)now_ms() *
+						 2654435761ULL ^ (unsigned long long)getpid();
+	seed |= 1;
+	env = getenv("UFFDWP_DIFF_MS");
+	if (env)
+		diff_ms = atol(env);
+	tap_plan(34);
+	tap_diag("seed %llu (set UFFDWP_SEED to replay)", seed);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
 	t_agree();
+	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
+		t_discard(b);
+	t_discard_agree();
+	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++) {
+		t_differential(b, false);
+		t_differential(b, true);
+	}
+	t_free_while_writing();
+	t_not_ours();
+	t_overlap();
+	t_auto_busy();
 	t_concurrent(UFFDWP_BACKEND_RING);
 	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN);
 	t_concurrent(UFFDWP_BACKEND_MPROTECT);
