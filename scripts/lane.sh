@@ -27,13 +27,18 @@ plan_timeout() {
 case $mode in
 check)
 	# PLAN names one or more plans (guest/plans/NAME.plan), run in order;
-	# TIMEOUT_SCALE stretches every entry's timeout for slow kernels.
+	# TIMEOUT_SCALE stretches every entry's timeout for slow kernels;
+	# PLAN_ONLY (an extended regex) keeps only the entries whose name
+	# matches it (the debug lane's subset in make check).
 	plan=$guest/check.plan
 	for p in $PLAN; do
 		[ -f "$TOP/guest/plans/$p.plan" ] || die "lane $lane: no plan guest/plans/$p.plan"
 		cat "$TOP/guest/plans/$p.plan"
-	done | awk -v k="${TIMEOUT_SCALE:-1}" \
-		'!/^[[:space:]]*(#|$)/ { $3 = int($3 * k) } { print }' >"$plan"
+	done | awk -v k="${TIMEOUT_SCALE:-1}" -v only="${PLAN_ONLY:-}" \
+		'/^[[:space:]]*(#|$)/ { print; next }
+		 only != "" && $1 !~ only { next }
+		 { $3 = int($3 * k); print }' >"$plan"
+	grep -qv '^[[:space:]]*\(#\|$\)' "$plan" || die "lane $lane: PLAN_ONLY '${PLAN_ONLY:-}' leaves no entry of $PLAN"
 	initrd=$guest/check.cpio
 	"$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"
 	console=$results/$lane.console
