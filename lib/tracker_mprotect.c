@@ -72,8 +72,12 @@ static void chain(int sig, siginfo_t *si, void *uc)
 	} else {
 		/* Default (a fault is never ignored): return with the default
 		 * action in place; the access faults again and the process
-		 * dies as it would have without the library. */
+		 * dies as it would have without the library.  A SIGSEGV sent
+		 * by kill() is not repeated: send it again (it arrives once
+		 * this handler returns). */
 		signal(SIGSEGV, SIG_DFL);
+		if (si->si_code <= 0)
+			raise(sig);
 	}
 }
 
