@@ -100,6 +100,13 @@ struct uffdwp_features {
 	bool set_mode;		/* UFFDIO_SET_MODE switches WP between sync
 				 * and async on a live context (since 0.3;
 				 * it fills padding, the layout is 0.2's) */
+	bool kernel_faults;	/* this process may open a userfaultfd that
+				 * handles kernel-mode faults (without
+				 * UFFD_USER_MODE_ONLY); when false, snapshots
+				 * and sessions fall back to user-mode faults
+				 * and read(2) into a protected page fails
+				 * with EFAULT (it fills padding; a library
+				 * from before it leaves it false) */
 	size_t page_size;
 	uint64_t __reserved[8];	/* room to grow: zeroed by the library */
 };
@@ -179,6 +186,16 @@ struct uffdwp_snapshot_opts {
 #define UFFDWP_SNAP_NO_UNPOPULATED (1u << 1) /* do not use WP_UNPOPULATED:
 						populate (read) instead */
 #define UFFDWP_SNAP_USER_MODE_ONLY (1u << 2) /* user-mode faults only */
+/*
+ * A page discarded (MADV_DONTNEED, MADV_FREE, MADV_REMOVE) while a snapshot
+ * runs, before the copier reached it: DISCARD_ZERO stores it as zeroes
+ * (what the program reads from memory it gave back; the default when every
+ * region is private anonymous memory), DISCARD_FAIL fails the snapshot
+ * with -EAGAIN (the default otherwise).  Both at once: -EINVAL.  A
+ * library from before these flags refuses them with -EINVAL.
+ */
+#define UFFDWP_SNAP_DISCARD_ZERO  (1u << 3)
+#define UFFDWP_SNAP_DISCARD_FAIL  (1u << 4)
 
 struct uffdwp_snapshot_stats {
 	uint64_t pause_ns;	/* protect phase: writers may wait this long */

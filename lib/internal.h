@@ -18,7 +18,9 @@
 
 size_t uw_page_size(void);
 uint64_t uw_now_ns(void);
-/* ioctl retried on EINTR and EAGAIN (mmap_changing): 0 or -errno. */
+/* ioctl retried on EINTR: 0 or -errno.  -EAGAIN (a userfaultfd event is
+ * pending: mmap_changing) is returned; snapshot.c reads the events and
+ * retries (uw_snap_wp()). */
 int uw_ioctl(int fd, unsigned long req, void *arg);
 /* Anonymous private memory from mmap (never inside a tracked region):
  * NULL on failure.  uw_free() takes the length uw_alloc() was given. */

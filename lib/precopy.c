@@ -65,7 +65,7 @@ static int set_async(struct uffdwp_snapshot *s, bool on)
 		m.enable = UFFD_FEATURE_WP_ASYNC;
 	else
 		m.disable = UFFD_FEATURE_WP_ASYNC;
-	return uw_ioctl(s->uffd, UFFDIO_SET_MODE, &m);
+	return uw_snap_ioctl(s, UFFDIO_SET_MODE, &m);
 }
 
 /*
@@ -97,7 +97,7 @@ static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 	if (overflow)
 		rr.flags = UFFDIO_RING_RESET_DISCARD |
 			   UFFDIO_RING_RESET_CLEAR_OVERFLOW;
-	err = uw_ioctl(s->uffd, UFFDIO_RING_RESET, &rr);
+	err = uw_snap_ioctl(s, UFFDIO_RING_RESET, &rr);
 	if (err)
 		return err;
 	s->ring_consumer = prod;
@@ -176,12 +176,12 @@ static int start_tracking(struct uffdwp_snapshot *s)
 			.flags = UFFDIO_RING_RESET_DISCARD |
 				 UFFDIO_RING_RESET_CLEAR_OVERFLOW,
 		};
-		err = uw_ioctl(s->uffd, UFFDIO_RING_RESET, &rr);
+		err = uw_snap_ioctl(s, UFFDIO_RING_RESET, &rr);
 		if (!err)
 			s->ring_consumer = rr.consumer;
 	}
 	for (size_t i = 0; !err && i < s->rs.nr; i++)
-		err = uw_protect(s->uffd, (uintptr_t)s->rs.r[i].addr,
+		err = uw_snap_wp(s, (uintptr_t)s->rs.r[i].addr,
 				 s->rs.r[i].len, true, false);
 	/* No snapshot runs: every page settled, none in a set yet. */
 	for (size_t i = 0; !err && i < s->rs.pages; i++)
@@ -246,6 +246,8 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 
 	if (!ss || fd < 0)
 		return -EINVAL;
+	if (uw_snap_foreign(s))
+		return -ECHILD;
 	if (opts) {
 		o = *opts;
 		for (size_t i = 0; i < sizeof(o.__reserved) / 8; i++)

@@ -121,6 +121,8 @@ static void probe(struct uffdwp_features *f)
 	f->device = can_open(UFFDWP_OPEN_NO_SYSCALL, &a);
 	f->syscall = can_open(UFFDWP_OPEN_NO_DEVICE, &b);
 	f->api_features = a | b;
+	/* What a snapshot's default (kernel-mode faults) would get. */
+	f->kernel_faults = can_open(UFFDWP_OPEN_KERNEL_FAULTS, NULL);
 	f->wp = f->api_features & UFFD_FEATURE_PAGEFAULT_FLAG_WP;
 	f->wp_unpopulated = f->wp &&
 			    (f->api_features & UFFD_FEATURE_WP_UNPOPULATED);
@@ -177,6 +179,7 @@ int uffdwp_feature_names(const struct uffdwp_features *f, char *buf,
 		{ offsetof(struct uffdwp_features, soft_dirty), "soft-dirty" },
 		{ offsetof(struct uffdwp_features, thp), "thp" },
 		{ offsetof(struct uffdwp_features, set_mode), "set-mode" },
+		{ offsetof(struct uffdwp_features, kernel_faults), "kernel-faults" },
 	};
 	size_t n = 0;
 

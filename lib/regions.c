@@ -2,12 +2,14 @@
 /* regions.c: validating and indexing the caller's list of regions. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
-#include "internal.h"
+#include "snapshot.h"
 
 static int cmp_region(const void *a, const void *b)
 {
@@ -53,6 +55,165 @@ int uw_regions_init(struct uw_regions *rs, const struct uffdwp_region *r,
 		rs->pages += rs->r[i].len / psz;
 	}
 	return 0;
+}
+
+int uw_regions_mapped(const struct uffdwp_region *r, size_t nr)
+{
+	size_t psz = uw_page_size();
+	unsigned char vec[4096];
+
+	if (!r || nr == 0 || nr > (1u << 20))
+		return -EINVAL;
+	for (size_t i = 0; i < nr; i++) {
+		uintptr_t a = (uintptr_t)r[i].addr;
+
+		if (!a || !r[i].len || a % psz || r[i].len % psz ||
+		    a + r[i].len < a)
+			return -EINVAL;
+	}
+	for (size_t i = 0; i < nr; i++) {
+		uintptr_t a = (uintptr_t)r[i].addr, end = a + r[i].len;
+
+		while (a < end) {
+			size_t n = (end - a) / psz;
+
+			if (n > sizeof(vec))
+				n = sizeof(vec);
+			if (mincore((void *)a, n * psz, vec))
+				return errno == ENOMEM ? -EFAULT : -errno;
+			a += n * psz;
+		}
+	}
+	return 0;
+}
+
+/* One line of /proc/self/maps: "start-end perms offset dev inode path". */
+struct vma_line {
+	uintptr_t start, end;
+	bool readable, writable, shared;
+	unsigned long dev_major, dev_minor, inode;
+};
+
+static bool parse_vma(const char *l, struct vma_line *v)
+{
+	char *e;
+
+	v->start = strtoul(l, &e, 16);
+	if (*e != '-')
+		return false;
+	v->end = strtoul(e + 1, &e, 16);
+	if (*e != ' ' || strlen(e) < 6)
+		return false;
+	v->readable = e[1] == 'r';
+	v->writable = e[2] == 'w';
+	v->shared = e[4] == 's';
+	strtoul(e + 5, &e, 16);			/* offset */
+	v->dev_major = strtoul(e, &e, 16);
+	if (*e != ':')
+		return false;
+	v->dev_minor = strtoul(e + 1, &e, 16);
+	v->inode = strtoul(e, &e, 10);
+	return true;
+}
+
+struct maps_walk {
+	const struct uw_regions *rs;
+	size_t i;			/* region being covered */
+	uintptr_t cursor;		/* its first address not covered yet */
+	struct vma_line kind;		/* the mapping its first page is in */
+	bool anon_private;
+	int err;
+};
+
+/* Account for one mapping; walks are in address order. */
+static void walk_vma(struct maps_walk *w, const struct vma_line *v)
+{
+	while (!w->err && w->i < w->rs->nr) {
+		const struct uffdwp_region *r = &w->rs->r[w->i];
+		uintptr_t rend = (uintptr_t)r->addr + r->len;
+
+		if (v->end <= w->cursor)
+			return;
+		if (v->start > w->cursor) {
+			w->err = -EFAULT;	/* a hole in the region */
+			return;
+		}
+		if (!v->readable || !v->writable) {
+			w->err = -EINVAL;
+			return;
+		}
+		if (w->cursor == (uintptr_t)r->addr)
+			w->kind = *v;
+		else if (v->shared != w->kind.shared ||
+			 v->inode != w->kind.inode ||
+			 v->dev_major != w->kind.dev_major ||
+			 v->dev_minor != w->kind.dev_minor) {
+			w->err = -EINVAL;
+			return;
+		}
+		w->anon_private &= !v->shared && !v->inode;
+		if (v->end < rend) {
+			w->cursor = v->end;
+			return;
+		}
+		if (++w->i < w->rs->nr)
+			w->cursor = (uintptr_t)w->rs->r[w->i].addr;
+	}
+}
+
+int uw_regions_check_maps(const struct uw_regions *rs, bool *anon_private)
+{
+	struct maps_walk w = { rs, 0, (uintptr_t)rs->r[0].addr, { 0 }, true,
+			       0 };
+	char buf[8192];
+	size_t have = 0;
+	bool skipping = false;		/* in a line longer than BUF */
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+
+	*anon_private = false;
+	if (fd < 0)
+		return 0;
+	for (;;) {
+		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		char *l = buf, *nl;
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			/* Unreadable: the check is skipped, as without /proc. */
+			close(fd);
+			return 0;
+		}
+		if (n == 0)
+			break;
+		have += (size_t)n;
+		buf[have] = 0;
+		while ((nl = memchr(l, '\n', have - (size_t)(l - buf)))) {
+			struct vma_line v;
+
+			*nl = 0;
+			if (!skipping && parse_vma(l, &v))
+				walk_vma(&w, &v);
+			skipping = false;
+			l = nl + 1;
+		}
+		have -= (size_t)(l - buf);
+		memmove(buf, l, have);
+		if (have == sizeof(buf) - 1) {
+			/* A path this long: its fields are in BUF. */
+			struct vma_line v;
+
+			if (!skipping && parse_vma(buf, &v))
+				walk_vma(&w, &v);
+			skipping = true;
+			have = 0;
+		}
+	}
+	close(fd);
+	if (!w.err && w.i < rs->nr)
+		w.err = -EFAULT;
+	*anon_private = !w.err && w.anon_private;
+	return w.err;
 }
 
 void uw_regions_fini(struct uw_regions *rs)

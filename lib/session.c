@@ -99,7 +99,7 @@ static int for_each_run(struct uffdwp_snapshot *s,
 
 static int protect_run(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 {
-	return uw_protect(s->uffd, addr, len, true, false);
+	return uw_snap_wp(s, addr, len, true, false);
 }
 
 static int populate_run(struct uffdwp_snapshot *s, uintptr_t addr,
@@ -123,6 +123,7 @@ static uint64_t take_set(struct uffdwp_snapshot *s, bool base)
 			v = w + 1 < s->words || !(s->rs.pages % 64) ? ~0ULL :
 			    (1ULL << (s->rs.pages % 64)) - 1;
 		atomic_store_explicit(&s->set[w], v, memory_order_relaxed);
+		atomic_store_explicit(&s->zeroed[w], 0, memory_order_relaxed);
 		s->rank[w] = pages;
 		pages += (uint64_t)__builtin_popcountll(v);
 		/* The other pages are DONE since the previous snapshot. */
@@ -186,6 +187,7 @@ static int fail_instant(struct uffdwp_snapshot *s, int err)
 int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
 {
 	bool busy;
+	int dup;
 
 	pthread_mutex_lock(&s->lock);
 	busy = !s->done;
@@ -196,7 +198,14 @@ int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
 		pthread_join(s->copier, NULL);
 		s->copier_started = false;
 	}
-	s->opts.sink_fd = fd;
+	/* Our own duplicate of FD (the copier closes it when done). */
+	dup = uw_snap_dup_sink(fd);
+	if (dup < 0)
+		return dup;
+	if (s->sink_owned && s->opts.sink_fd >= 0)
+		close(s->opts.sink_fd);
+	s->opts.sink_fd = dup;
+	s->sink_owned = true;
 	return uw_snap_setup_spill(s);
 }
 
@@ -259,6 +268,8 @@ int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 
 	if (!ss || fd < 0 || (flags & ~UFFDWP_SESSION_BASE))
 		return -EINVAL;
+	if (uw_snap_foreign(s))
+		return -ECHILD;
 	err = uw_session_prepare(s, fd);
 	if (err)
 		return err;
@@ -271,6 +282,8 @@ int uffdwp_session_wait(struct uffdwp_session *ss, int timeout_ms)
 {
 	if (!ss)
 		return -EINVAL;
+	if (uw_snap_foreign(of(ss)))
+		return -ECHILD;
 	if (!of(ss)->taken)
 		return -ENOENT;
 	return uffdwp_snapshot_wait(of(ss), timeout_ms);
@@ -281,6 +294,8 @@ int uffdwp_session_stats(struct uffdwp_session *ss,
 {
 	if (!ss || !st)
 		return -EINVAL;
+	if (uw_snap_foreign(of(ss)))
+		return -ECHILD;
 	if (!of(ss)->taken)
 		return -ENOENT;
 	return uffdwp_snapshot_stats(of(ss), st);
@@ -293,6 +308,8 @@ ssize_t uffdwp_session_dirty(struct uffdwp_session *ss)
 
 	if (!ss)
 		return -EINVAL;
+	if (uw_snap_foreign(s))
+		return -ECHILD;
 	for (size_t w = 0; w < s->words; w++)
 		n += __builtin_popcountll(atomic_load_explicit(
 			&s->dirty[w], memory_order_relaxed));
@@ -303,6 +320,10 @@ void uffdwp_session_free(struct uffdwp_session *ss)
 {
 	if (!ss)
 		return;
+	if (uw_snap_foreign(of(ss))) {
+		uw_snap_forget(of(ss));
+		return;
+	}
 	uffdwp_snapshot_cancel(of(ss));
 	uw_snap_destroy(of(ss));
 }

@@ -43,10 +43,28 @@
  * pages.
  *
  * Discarded pages (MADV_DONTNEED and the like): UFFD_EVENT_REMOVE marks
- * them dirty, and a snapshot that has not copied one of them fails with
- * -EAGAIN, its contents at the instant being lost.  The kernel zaps as
- * soon as the event is read, so the copier also checks, after reading a
- * chunk, that every page it read was still protected (check_protected()).
+ * them dirty.  A page of the set not copied yet when it is discarded is
+ * stored as zeroes (DISCARD_ZERO: what the program reads from memory it
+ * gave back; the default for private anonymous memory), or fails the
+ * snapshot with -EAGAIN (DISCARD_FAIL).  The kernel zaps as soon as the
+ * event is read, so the copier, after reading a chunk, waits until no
+ * thread is between reading messages and handling their discards, and
+ * then trusts the ZEROED bits; in DISCARD_FAIL mode it also checks that
+ * every page it read was still protected (check_protected()).
+ *
+ * Events and -EAGAIN: while an event (UFFD_EVENT_REMOVE) waits to be read,
+ * UFFDIO_WRITEPROTECT fails with -EAGAIN, and the thread that raised it
+ * (madvise()) waits for the read.  So no thread of ours retries blindly:
+ * on -EAGAIN it reads the messages itself (uw_snap_wp()), handles the
+ * discards at once and leaves the faults to the handler (DEFERRED, woken
+ * by KICK_FD), which handles them only when it may (after the protect
+ * phase, outside an instant).
+ *
+ * Memory of the regions is read with process_vm_readv(2) on ourselves, so
+ * a region unmapped or made PROT_NONE under a snapshot fails it with
+ * -EFAULT instead of killing the process.  After fork() the child's copy
+ * of a handle is inert (uw_snap_foreign()): freeing it releases the
+ * child's memory and descriptors and touches nothing of the parent's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -57,6 +75,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -67,6 +86,7 @@
 
 #define MSGS		32
 #define SCAN_VEC	256
+#define SAVE_RUN	512	/* pages read in one process_vm_readv(2) */
 /* The fd sink issues write(2)s of at most this much: on some kernels the
  * cost of one write(2) into tmpfs grows faster than its length (a 2 MiB
  * write took ~1.4 s in the riscv64 TCG guest, 128 x 16 KiB ~35 ms).  It
@@ -89,11 +109,18 @@ void uw_snap_finish(struct uffdwp_snapshot *s, int err)
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* Sequentially consistent: with SAVING, it tells the copier when no save
+ * can start any more (release_sink()). */
 static bool cancelled(struct uffdwp_snapshot *s)
 {
-	return __atomic_load_n(&s->cancel, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&s->cancel, __ATOMIC_SEQ_CST);
 }
 
+/*
+ * Unprotect every region and wake its writers.  A region that fails as a
+ * whole (part of it unmapped and something else mapped there) is done
+ * again chunk by chunk, so that no writer elsewhere in it stays blocked.
+ */
 int uw_snap_unprotect_all(struct uffdwp_snapshot *s)
 {
 	int ret = 0;
@@ -101,10 +128,20 @@ int uw_snap_unprotect_all(struct uffdwp_snapshot *s)
 	if (!s->registered)
 		return 0;
 	for (size_t i = 0; i < s->rs.nr; i++) {
-		int err = uw_protect(s->uffd, (uintptr_t)s->rs.r[i].addr,
-				     s->rs.r[i].len, false, true);
+		uintptr_t a = (uintptr_t)s->rs.r[i].addr;
+		uintptr_t end = a + s->rs.r[i].len;
+		int err = uw_snap_wp(s, a, s->rs.r[i].len, false, true);
+
 		if (err && !ret)
 			ret = err;
+		while (err && a < end) {
+			uintptr_t next = (a & ~(uintptr_t)(CHUNK - 1)) + CHUNK;
+
+			if (next > end)
+				next = end;
+			uw_snap_wp(s, a, next - a, false, true);
+			a = next;
+		}
 	}
 	return ret;
 }
@@ -115,7 +152,7 @@ void uw_snap_abort(struct uffdwp_snapshot *s, int err)
 	pthread_mutex_lock(&s->lock);
 	if (!s->handler_error)
 		s->handler_error = err;
-	__atomic_store_n(&s->cancel, true, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->cancel, true, __ATOMIC_SEQ_CST);
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	uw_snap_unprotect_all(s);
@@ -212,21 +249,41 @@ static int save_claimed(struct uffdwp_snapshot *s, size_t idx, uintptr_t addr,
 	int err = 0;
 
 	for (size_t i = 0; i < n && !err;) {
-		uint32_t slot;
+		struct iovec iov[SAVE_RUN];
+		uint32_t slot[SAVE_RUN];
+		size_t k = 0;
 
 		if (atomic_load_explicit(&s->state[idx + i],
 					 memory_order_relaxed) != ST_CLAIMED) {
 			i++;
 			continue;
 		}
-		if (take_slot(s, &slot)) {
-			memcpy(s->side + (size_t)slot * psz,
-			       (void *)(addr + i * psz), psz);
-			atomic_store_explicit(&s->state[idx + i],
-					      ST_SAVED + slot,
-					      memory_order_release);
-			(*saved)++;
-			i++;
+		/* A run of claimed pages into free slots, read in one call
+		 * that fails rather than faults on memory gone. */
+		while (k < SAVE_RUN && i + k < n &&
+		       atomic_load_explicit(&s->state[idx + i + k],
+					    memory_order_relaxed) ==
+				ST_CLAIMED && take_slot(s, &slot[k])) {
+			iov[k].iov_base = s->side + (size_t)slot[k] * psz;
+			iov[k].iov_len = psz;
+			k++;
+		}
+		if (k) {
+			err = uw_read_self_v(iov, k, addr + i * psz, k * psz);
+			if (err) {
+				pthread_mutex_lock(&s->slot_lock);
+				for (size_t m = 0; m < k; m++)
+					s->free_slot[s->nfree++] = slot[m];
+				pthread_mutex_unlock(&s->slot_lock);
+				uw_snap_abort(s, err);
+				break;
+			}
+			for (size_t m = 0; m < k; m++)
+				atomic_store_explicit(&s->state[idx + i + m],
+						      ST_SAVED + slot[m],
+						      memory_order_release);
+			*saved += k;
+			i += k;
 			continue;
 		}
 		/* The side buffer is full: spill this run of claimed pages. */
@@ -283,6 +340,9 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 		n = UW_HPAGE_SIZE / psz;
 		huge = true;
 	}
+	/* Announced before the cancel is looked at: the copier closes the
+	 * sink (maybe our spill file) only when no save is under way. */
+	atomic_fetch_add(&s->saving, 1);
 	counted = idx >= 0 && !cancelled(s);
 	for (size_t i = 0; counted && i < n; i++) {
 		uint32_t old = ST_PENDING;
@@ -296,6 +356,7 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	}
 	if (claimed)
 		err = save_claimed(s, (size_t)idx, addr, n, &saved, &spilled);
+	atomic_fetch_sub(&s->saving, 1);
 	/* A session's next snapshot stores whatever gets unprotected. */
 	for (size_t i = 0; s->session && idx >= 0 && i < n; i++)
 		uw_bit_set(s->dirty, (size_t)idx + i);
@@ -317,7 +378,7 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	 * unprotected everything.
 	 */
 	if (!err && !copier_has_it &&
-	    uw_protect(s->uffd, addr, n * psz, false, true) && !cancelled(s))
+	    uw_snap_wp(s, addr, n * psz, false, true) && !cancelled(s))
 		/* Cannot happen on a live region; never leave a writer stuck. */
 		uw_snap_abort(s, -EIO);
 	t0 = uw_now_ns() - t0;
@@ -338,6 +399,8 @@ static void handle_remove(struct uffdwp_snapshot *s, uintptr_t start,
 	size_t psz = uw_page_size();
 	bool lost = false;
 
+	start &= ~(uintptr_t)(psz - 1);
+
 	for (size_t r = 0; r < s->rs.nr; r++) {
 		uintptr_t a = (uintptr_t)s->rs.r[r].addr;
 		uintptr_t e = a + s->rs.r[r].len;
@@ -353,12 +416,148 @@ static void handle_remove(struct uffdwp_snapshot *s, uintptr_t start,
 
 			if (s->session)
 				uw_bit_set(s->dirty, i);
-			lost |= (st == ST_PENDING || st == ST_COPYING) &&
-				in_set(s, i);
+			if (!in_set(s, i))
+				continue;
+			/* A save made while the zap ran may be torn: every
+			 * page not copied yet is stored as zeroes. */
+			if (s->discard_zero && st != ST_DONE)
+				uw_bit_set(s->zeroed, i);
+			lost |= st == ST_PENDING || st == ST_COPYING;
 		}
 	}
-	if (lost && !cancelled(s))
+	if (lost && !s->discard_zero && !cancelled(s))
 		uw_snap_abort(s, -EAGAIN);
+}
+
+/* Keep fault message M for the handler (under read_lock); false when
+ * there is no room and no memory for more. */
+static bool defer_fault(struct uffdwp_snapshot *s, const struct uffd_msg *m)
+{
+	if (s->ndeferred == s->deferred_cap) {
+		size_t cap = s->deferred_cap ? 2 * s->deferred_cap :
+			     uw_page_size() / sizeof(*m);
+		struct uffd_msg *q = uw_alloc(cap * sizeof(*m));
+
+		if (!q)
+			return false;
+		if (s->deferred)
+			memcpy(q, s->deferred, s->ndeferred * sizeof(*m));
+		uw_free(s->deferred, s->deferred_cap * sizeof(*m));
+		s->deferred = q;
+		s->deferred_cap = cap;
+	}
+	s->deferred[s->ndeferred++] = *m;
+	return true;
+}
+
+/* A deferred fault, if any (FIFO order does not matter: each is a thread
+ * of its own). */
+static bool next_deferred(struct uffdwp_snapshot *s, struct uffd_msg *m)
+{
+	bool ok = false;
+
+	pthread_mutex_lock(&s->read_lock);
+	if (s->ndeferred) {
+		*m = s->deferred[--s->ndeferred];
+		ok = true;
+	}
+	pthread_mutex_unlock(&s->read_lock);
+	return ok;
+}
+
+static void kick_handler(struct uffdwp_snapshot *s)
+{
+	uint64_t one = 1;
+
+	if (s->kick_fd >= 0 && write(s->kick_fd, &one, sizeof(one)) < 0) {
+		/* an eventfd at its maximum is readable anyway */
+	}
+}
+
+/*
+ * Read one batch of messages: handle its discards at once and keep its
+ * faults for the handler.  Any thread may (READ_LOCK serialises them; it
+ * is recursive: a discard that aborts the snapshot unprotects, which may
+ * read again).  Returns the number read, 0 when none was queued, or
+ * -errno.
+ */
+static ssize_t read_batch(struct uffdwp_snapshot *s)
+{
+	struct uffd_msg msg[MSGS];
+	bool kick = false;
+	ssize_t n;
+
+	pthread_mutex_lock(&s->read_lock);
+	atomic_fetch_add(&s->readers, 1);
+	n = read(s->uffd, msg, sizeof(msg));
+	if (n < 0)
+		n = errno == EAGAIN || errno == EINTR ? 0 : -errno;
+	else
+		n /= (ssize_t)sizeof(msg[0]);
+	for (ssize_t i = 0; i < n; i++) {
+		if (msg[i].event == UFFD_EVENT_REMOVE)
+			handle_remove(s, msg[i].arg.remove.start,
+				      msg[i].arg.remove.end);
+		else if (msg[i].event != UFFD_EVENT_PAGEFAULT)
+			continue;
+		else if (defer_fault(s, &msg[i]))
+			kick = true;
+		else {
+			/* Out of memory: give up the snapshot, not the
+			 * writer. */
+			uw_snap_abort(s, -ENOMEM);
+			uw_wake(s->uffd, msg[i].arg.pagefault.address &
+					 ~(uintptr_t)(uw_page_size() - 1),
+				uw_page_size());
+		}
+	}
+	atomic_fetch_sub(&s->readers, 1);
+	pthread_mutex_unlock(&s->read_lock);
+	if (kick && !pthread_equal(pthread_self(), s->handler))
+		kick_handler(s);
+	return n;
+}
+
+/* Every message queued now read (an ioctl said -EAGAIN: an event waits).
+ * Returns how many were read. */
+static size_t drain(struct uffdwp_snapshot *s)
+{
+	size_t total = 0;
+	ssize_t n;
+
+	while ((n = read_batch(s)) > 0)
+		total += (size_t)n;
+	return total;
+}
+
+int uw_snap_ioctl(struct uffdwp_snapshot *s, unsigned long req, void *arg)
+{
+	for (;;) {
+		int err = uw_ioctl(s->uffd, req, arg);
+
+		if (err != -EAGAIN)
+			return err;
+		/* The event's message may not be queued yet (the kernel
+		 * raises mmap_changing first): let its thread run. */
+		if (!drain(s)) {
+			struct timespec ts = { 0, 20000 };
+
+			nanosleep(&ts, NULL);
+		}
+	}
+}
+
+int uw_snap_wp(struct uffdwp_snapshot *s, uintptr_t addr, size_t len,
+	       bool wp, bool wake)
+{
+	struct uffdio_writeprotect w = {
+		.range = { .start = addr, .len = len },
+		/* The kernel refuses WP together with DONTWAKE. */
+		.mode = wp ? UFFDIO_WRITEPROTECT_MODE_WP :
+			wake ? 0 : UFFDIO_WRITEPROTECT_MODE_DONTWAKE,
+	};
+
+	return uw_snap_ioctl(s, UFFDIO_WRITEPROTECT, &w);
 }
 
 /*
@@ -368,46 +567,43 @@ static void handle_remove(struct uffdwp_snapshot *s, uintptr_t start,
  * an instant (its writer stays blocked until the instant is over), and no
  * discard read before an instant is handled after it (the kernel zaps the
  * range as soon as the event is read).  A fault read before an instant
- * and handled after it is handled right: its write has not happened.
+ * (by the handler, or by a thread whose protect said -EAGAIN) and handled
+ * after it is handled right: its write has not happened.
  * False when the handler should stop.
  */
 static bool handle_batch(struct uffdwp_snapshot *s)
 {
-	struct uffd_msg msg[MSGS];
+	struct uffd_msg m;
 	ssize_t n;
 
 	if (s->session)
 		pthread_mutex_lock(&s->instant_lock);
-	n = read(s->uffd, msg, sizeof(msg));
-	for (size_t i = 0; n > 0 && i < (size_t)n / sizeof(msg[0]); i++)
-		if (msg[i].event == UFFD_EVENT_REMOVE)
-			handle_remove(s, msg[i].arg.remove.start,
-				      msg[i].arg.remove.end);
+	n = read_batch(s);
 	if (s->session)
 		pthread_mutex_unlock(&s->instant_lock);
-	for (size_t i = 0; n > 0 && i < (size_t)n / sizeof(msg[0]); i++) {
-		if (msg[i].event != UFFD_EVENT_PAGEFAULT)
-			continue;
+	while (next_deferred(s, &m)) {
 		if (s->session)
 			pthread_mutex_lock(&s->instant_lock);
 		/* In async mode (pre-copy) the kernel resolved this write and
 		 * logged it; unprotecting now could undo a later protect. */
 		if (!s->async_mode)
-			handle_fault(s, (uintptr_t)msg[i].arg.pagefault.address &
+			handle_fault(s, (uintptr_t)m.arg.pagefault.address &
 					~(uintptr_t)(uw_page_size() - 1));
 		if (s->session)
 			pthread_mutex_unlock(&s->instant_lock);
 	}
-	return n >= 0 || errno == EAGAIN || errno == EINTR;
+	return n >= 0;
 }
 
 static void *handler_main(void *arg)
 {
 	struct uffdwp_snapshot *s = arg;
-	struct pollfd pfd[2] = {
+	struct pollfd pfd[3] = {
 		{ .fd = s->uffd, .events = POLLIN },
 		{ .fd = s->stop_fd, .events = POLLIN },
+		{ .fd = s->kick_fd, .events = POLLIN },
 	};
+	uint64_t kicks;
 
 	/* A one-off snapshot's handler starts at the end of the protect
 	 * phase; a session's instants take its instant lock instead. */
@@ -416,12 +612,18 @@ static void *handler_main(void *arg)
 		pthread_cond_wait(&s->changed, &s->lock);
 	pthread_mutex_unlock(&s->lock);
 	for (;;) {
-		if (poll(pfd, 2, -1) < 0) {
+		if (poll(pfd, 3, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
-		if (pfd[1].revents || !handle_batch(s))
+		if (pfd[1].revents)
+			break;
+		if (pfd[2].revents &&
+		    read(s->kick_fd, &kicks, sizeof(kicks)) < 0) {
+			/* EAGAIN: another read took the count */
+		}
+		if (!handle_batch(s))
 			break;
 	}
 	return NULL;
@@ -568,7 +770,8 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 							memory_order_acquire,
 							memory_order_relaxed);
 	}
-	/* Protected pages cannot change: copy them as they are. */
+	/* Protected pages cannot change: copy them as they are (a region
+	 * unmapped or made inaccessible meanwhile: -EFAULT, no signal). */
 	bool read_memory = false;
 
 	for (size_t i = 0; i < n;) {
@@ -579,32 +782,50 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 				ST_COPYING)
 			j++;
 		if (j > i) {
-			memcpy(s->chunk + i * psz, (void *)(addr + i * psz),
-			       (j - i) * psz);
+			int e = uw_read_self(s->chunk + i * psz,
+					     addr + i * psz, (j - i) * psz);
+
+			if (e && !err)
+				err = e;
 			read_memory = true;
 		}
 		i = j + (j == i);
 	}
 	/* Only pages read from memory can have been discarded under us. */
-	if (read_memory)
+	if (read_memory && !err && !s->discard_zero)
 		err = check_protected(s, addr, len);
+	for (size_t i = 0; i < n; i++)
+		settled(s, first + i);
+	/*
+	 * A discard that could have changed what was read or saved above was
+	 * read (the kernel zaps only then) before now: once no thread is
+	 * between reading messages and handling their discards, its pages
+	 * are in ZEROED (or the snapshot is aborted).
+	 */
+	while (atomic_load(&s->readers))
+		sched_yield();
 	for (size_t i = 0; i < n; i++) {
-		uint32_t now = settled(s, first + i);
+		uint32_t now = atomic_load_explicit(&st[i],
+						    memory_order_acquire);
 		int e = fetch_saved(s, first, i, now);
+		bool zero = s->discard_zero && in_set(s, first + i) &&
+			    uw_bit_test(s->zeroed, first + i);
 
 		if (e && !err)
 			err = e;
+		if (zero)
+			memset(s->chunk + i * psz, 0, psz);
 		/* A page spilled into a positional sink stays SPILLED: the
-		 * sink skips it. */
-		if (!(now == ST_SPILLED && s->sink_positional))
+		 * sink skips it (unless it is to be stored as zeroes). */
+		if (!(now == ST_SPILLED && s->sink_positional && !zero))
 			atomic_store_explicit(&st[i], ST_DONE,
 					      memory_order_release);
 	}
 	/* A session keeps the pages protected to see the next write: only
 	 * wake the writers that faulted on pages of the chunk. */
 	if (s->session ? uw_wake(s->uffd, addr, len) :
-	    uw_protect(s->uffd, addr, len, false, true))
-		return -EIO;
+	    uw_snap_wp(s, addr, len, false, true))
+		return err ? err : -EIO;
 	if (err)
 		return err;
 	if (cancelled(s))	/* a page of it may be missing */
@@ -633,6 +854,31 @@ static bool chunk_in_set(struct uffdwp_snapshot *s, size_t first, size_t n)
 			return true;
 	}
 	return !s->set;
+}
+
+int uw_snap_dup_sink(int fd)
+{
+	int d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+
+	return d < 0 ? -errno : d;
+}
+
+/*
+ * The copier is done with the sink: close our duplicate of it, so that
+ * the caller's file (a pipe's reader) sees no more of us.  After a
+ * failure the handler may still be in a save into the sink (a positional
+ * spill): wait until none is, none can start once the cancel is seen.
+ */
+static void release_sink(struct uffdwp_snapshot *s, int err)
+{
+	if (!s->sink_owned || s->opts.sink_fd < 0)
+		return;
+	while (err && atomic_load(&s->saving))
+		sched_yield();
+	if (s->spill_fd == s->opts.sink_fd)
+		s->spill_fd = -1;
+	close(s->opts.sink_fd);
+	s->opts.sink_fd = -1;
 }
 
 /* The sink's first bytes: the file header of a session snapshot. */
@@ -686,7 +932,7 @@ void *uw_snap_copier_main(void *arg)
 	if (err) {
 		/* Let every writer go: nothing more will be saved. */
 		pthread_mutex_lock(&s->lock);
-		s->cancel = true;
+		__atomic_store_n(&s->cancel, true, __ATOMIC_SEQ_CST);
 		s->need_base = true;
 		if (err == -ECANCELED && s->handler_error)
 			err = s->handler_error;
@@ -694,6 +940,7 @@ void *uw_snap_copier_main(void *arg)
 		pthread_mutex_unlock(&s->lock);
 		uw_snap_unprotect_all(s);
 	}
+	release_sink(s, err);
 	uw_snap_finish(s, err);
 	return NULL;
 }
@@ -733,16 +980,19 @@ static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 	s->slots_len = page_round(s->nslots * sizeof(uint32_t));
 	s->state = uw_alloc(s->state_len);
 	s->huge = uw_alloc(s->huge_len);
+	s->zeroed = uw_alloc(s->huge_len);
 	s->free_slot = uw_alloc(s->slots_len);
 	s->side = uw_alloc(s->nslots * psz);
 	s->chunk = uw_alloc(CHUNK);
-	if (!s->state || !s->huge || !s->free_slot || !s->side || !s->chunk)
+	if (!s->state || !s->huge || !s->zeroed || !s->free_slot || !s->side ||
+	    !s->chunk)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->nslots; i++)
 		s->free_slot[i] = (uint32_t)(s->nslots - 1 - i);
 	s->nfree = s->nfree_min = s->nslots;
 	s->st.side_cap = s->nslots * psz;
-	s->st.fixed_bytes = CHUNK + s->state_len + s->huge_len + s->slots_len;
+	s->st.fixed_bytes = CHUNK + s->state_len + 2 * s->huge_len +
+			    s->slots_len;
 	s->st.pages = s->rs.pages;
 	if (!s->session)
 		return 0;
@@ -824,9 +1074,57 @@ void uw_snap_find_huge(struct uffdwp_snapshot *s)
 				SCAN_VEC, mark_huge, s);
 }
 
-void uw_snap_destroy(struct uffdwp_snapshot *s)
+/* S's memory and descriptors (both the owner's destroy and a child's
+ * forget end here). */
+static void release_memory(struct uffdwp_snapshot *s)
 {
 	size_t psz = uw_page_size();
+
+	if (s->ring)
+		munmap(s->ring, s->ring_len);
+	if (s->uffd >= 0)
+		close(s->uffd);
+	if (s->stop_fd >= 0)
+		close(s->stop_fd);
+	if (s->kick_fd >= 0)
+		close(s->kick_fd);
+	if (s->memfd >= 0)
+		close(s->memfd);
+	if (s->pagemap_fd >= 0)
+		close(s->pagemap_fd);
+	if (s->sink_owned && s->opts.sink_fd >= 0)
+		close(s->opts.sink_fd);
+	uw_free(s->state, s->state_len);
+	uw_free(s->huge, s->huge_len);
+	uw_free(s->zeroed, s->huge_len);
+	uw_free(s->free_slot, s->slots_len);
+	uw_free(s->side, s->nslots * psz);
+	uw_free(s->chunk, CHUNK);
+	uw_free(s->set, s->bitmap_len);
+	uw_free(s->dirty, s->bitmap_len);
+	uw_free(s->rank, s->bitmap_len);
+	uw_free(s->prefix, (size_t)s->data_off);
+	uw_free(s->deferred, s->deferred_cap * sizeof(*s->deferred));
+	uw_regions_fini(&s->rs);
+}
+
+bool uw_snap_foreign(const struct uffdwp_snapshot *s)
+{
+	return s->owner != getpid();
+}
+
+/* In a child of fork(): the parent's threads are not here, its locks may
+ * be held for ever, and the userfaultfd is the parent's (an ioctl on it
+ * would act on the parent's memory).  Only our copies go. */
+void uw_snap_forget(struct uffdwp_snapshot *s)
+{
+	release_memory(s);
+	uw_free(s, s->self_len);
+}
+
+void uw_snap_destroy(struct uffdwp_snapshot *s)
+{
+	struct uffd_msg m;
 
 	if (s->stop_fd >= 0) {
 		uint64_t one = 1;
@@ -840,29 +1138,16 @@ void uw_snap_destroy(struct uffdwp_snapshot *s)
 	if (s->handler_started)
 		pthread_join(s->handler, NULL);
 	if (s->registered) {
+		/* No handler any more: this thread reads what is pending. */
 		uw_snap_unprotect_all(s);
+		while (next_deferred(s, &m))
+			uw_wake(s->uffd, m.arg.pagefault.address &
+					 ~(uintptr_t)(uw_page_size() - 1),
+				uw_page_size());
 		uw_unregister(s->uffd, &s->rs);
 	}
-	if (s->ring)
-		munmap(s->ring, s->ring_len);
-	if (s->uffd >= 0)
-		close(s->uffd);
-	if (s->stop_fd >= 0)
-		close(s->stop_fd);
-	if (s->memfd >= 0)
-		close(s->memfd);
-	if (s->pagemap_fd >= 0)
-		close(s->pagemap_fd);
-	uw_free(s->state, s->state_len);
-	uw_free(s->huge, s->huge_len);
-	uw_free(s->free_slot, s->slots_len);
-	uw_free(s->side, s->nslots * psz);
-	uw_free(s->chunk, CHUNK);
-	uw_free(s->set, s->bitmap_len);
-	uw_free(s->dirty, s->bitmap_len);
-	uw_free(s->rank, s->bitmap_len);
-	uw_free(s->prefix, (size_t)s->data_off);
-	uw_regions_fini(&s->rs);
+	release_memory(s);
+	pthread_mutex_destroy(&s->read_lock);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->slot_lock);
 	pthread_mutex_destroy(&s->instant_lock);
@@ -879,7 +1164,9 @@ int uw_snap_check_flags(unsigned int flags, const uint64_t *reserved,
 			return -EINVAL;
 	if ((flags & ~SNAP_FLAGS) ||
 	    (flags & UFFDWP_SNAP_KERNEL_FAULTS &&
-	     flags & UFFDWP_SNAP_USER_MODE_ONLY))
+	     flags & UFFDWP_SNAP_USER_MODE_ONLY) ||
+	    (flags & UFFDWP_SNAP_DISCARD_ZERO &&
+	     flags & UFFDWP_SNAP_DISCARD_FAIL))
 		return -EINVAL;
 	return 0;
 }
@@ -961,18 +1248,30 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	struct uffdwp_features f;
 	struct uffdwp_snapshot *s;
 	pthread_condattr_t ca;
+	pthread_mutexattr_t ma;
+	bool anon_private;
 	int err;
 
+	/* Before anything is allocated: our own mappings could otherwise
+	 * land in a region that is not mapped, and be protected. */
+	err = uw_regions_mapped(regions, nr);
+	if (err)
+		return err;
 	s = uw_alloc(self_len);
 	if (!s)
 		return -ENOMEM;
 	memset(s, 0, sizeof(*s));
 	s->self_len = self_len;
-	s->uffd = s->stop_fd = s->spill_fd = s->memfd = -1;
+	s->owner = getpid();
+	s->uffd = s->stop_fd = s->kick_fd = s->spill_fd = s->memfd = -1;
 	s->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 	s->opts = *opts;
 	s->session = session;
 	s->t_start = uw_now_ns();
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+	pthread_mutex_init(&s->read_lock, &ma);
+	pthread_mutexattr_destroy(&ma);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_mutex_init(&s->slot_lock, NULL);
 	pthread_mutex_init(&s->instant_lock, NULL);
@@ -990,8 +1289,15 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	}
 
 	err = uw_regions_init(&s->rs, regions, nr);
+	if (!err)
+		err = uw_regions_check_maps(&s->rs, &anon_private);
 	if (err)
 		goto fail;
+	/* Discarded pages read as zeroes where the kernel says so: private
+	 * anonymous memory. */
+	s->discard_zero = opts->flags & UFFDWP_SNAP_DISCARD_ZERO ||
+			  (!(opts->flags & UFFDWP_SNAP_DISCARD_FAIL) &&
+			   anon_private);
 	uffdwp_probe(&f);
 	if (!f.wp) {
 		err = -EOPNOTSUPP;
@@ -1026,7 +1332,8 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 		goto fail;
 	s->registered = true;
 	s->stop_fd = eventfd(0, EFD_CLOEXEC);
-	if (s->stop_fd < 0) {
+	s->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->stop_fd < 0 || s->kick_fd < 0) {
 		err = -errno;
 		goto fail;
 	}
@@ -1045,6 +1352,7 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 			  const struct uffdwp_region *regions, size_t nr,
 			  const struct uffdwp_snapshot_opts *opts)
 {
+	struct uffdwp_snapshot_opts o;
 	struct uffdwp_snapshot *s;
 	uint64_t t0;
 	int err;
@@ -1057,9 +1365,21 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	    opts->sink_fd == 0)
 		return -EINVAL;
 	*out = NULL;
-	err = uw_snap_create(&s, regions, nr, opts, false);
-	if (err)
+	/* Our own duplicate of the sink: closing the caller's descriptor
+	 * (and opening another under its number) cannot redirect us. */
+	o = *opts;
+	if (o.sink_fd >= 0) {
+		o.sink_fd = uw_snap_dup_sink(opts->sink_fd);
+		if (o.sink_fd < 0)
+			return o.sink_fd;
+	}
+	err = uw_snap_create(&s, regions, nr, &o, false);
+	if (err) {
+		if (o.sink_fd >= 0)
+			close(o.sink_fd);
 		return err;
+	}
+	s->sink_owned = o.sink_fd >= 0;
 	err = uw_snap_setup_spill(s);
 	if (!err && !s->st.used_unpopulated)
 		err = uw_populate_read(&s->rs);
@@ -1075,7 +1395,7 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 	/* The snapshot instant: faults raised meanwhile wait until it ends. */
 	t0 = uw_now_ns();
 	for (size_t i = 0; i < s->rs.nr && !err; i++)
-		err = uw_protect(s->uffd, (uintptr_t)s->rs.r[i].addr,
+		err = uw_snap_wp(s, (uintptr_t)s->rs.r[i].addr,
 				 s->rs.r[i].len, true, false);
 	s->st.pause_ns = uw_now_ns() - t0;
 	pthread_mutex_lock(&s->lock);
@@ -1101,6 +1421,8 @@ int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms)
 
 	if (!s)
 		return -EINVAL;
+	if (uw_snap_foreign(s))
+		return -ECHILD;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	if (timeout_ms >= 0) {
 		ts.tv_sec += timeout_ms / 1000;
@@ -1128,12 +1450,14 @@ int uffdwp_snapshot_cancel(struct uffdwp_snapshot *s)
 {
 	if (!s)
 		return -EINVAL;
+	if (uw_snap_foreign(s))
+		return -ECHILD;
 	pthread_mutex_lock(&s->lock);
 	if (s->done) {
 		pthread_mutex_unlock(&s->lock);
 		return -EALREADY;
 	}
-	__atomic_store_n(&s->cancel, true, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->cancel, true, __ATOMIC_SEQ_CST);
 	s->need_base = true;
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
@@ -1148,6 +1472,8 @@ int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
 {
 	if (!s || !st)
 		return -EINVAL;
+	if (uw_snap_foreign(s))
+		return -ECHILD;
 	pthread_mutex_lock(&s->lock);
 	*st = s->st;
 	pthread_mutex_unlock(&s->lock);
@@ -1162,6 +1488,10 @@ void uffdwp_snapshot_free(struct uffdwp_snapshot *s)
 {
 	if (!s)
 		return;
+	if (uw_snap_foreign(s)) {
+		uw_snap_forget(s);
+		return;
+	}
 	uffdwp_snapshot_cancel(s);
 	uw_snap_destroy(s);
 }

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "internal.h"
 
@@ -21,13 +22,21 @@
 #define CHUNK		UW_HPAGE_SIZE
 #define DEFAULT_CAP	(16UL << 20)
 #define SNAP_FLAGS	(UFFDWP_SNAP_KERNEL_FAULTS | UFFDWP_SNAP_NO_UNPOPULATED | \
-			 UFFDWP_SNAP_USER_MODE_ONLY)
+			 UFFDWP_SNAP_USER_MODE_ONLY | UFFDWP_SNAP_DISCARD_ZERO | \
+			 UFFDWP_SNAP_DISCARD_FAIL)
 
 struct uffdwp_snapshot {
 	size_t self_len;
+	pid_t owner;			/* the process that created it: in a
+					 * child of fork() the copy is inert */
 	struct uw_regions rs;
-	struct uffdwp_snapshot_opts opts;
+	struct uffdwp_snapshot_opts opts;	/* sink_fd: our duplicate */
 	int uffd, stop_fd;
+	int kick_fd;			/* eventfd: faults were deferred */
+	bool sink_owned;		/* opts.sink_fd is ours to close */
+	bool discard_zero;		/* a page discarded before it was
+					 * copied is stored as zeroes */
+	_Atomic int saving;		/* the handler is in a save */
 	pthread_t handler, copier;
 	bool handler_started, copier_started, registered;
 
@@ -96,6 +105,21 @@ struct uffdwp_snapshot {
 	uint64_t ring_consumer;
 	bool async_mode, full_layout;
 
+	/*
+	 * Reading the userfaultfd's messages (read_batch() in snapshot.c):
+	 * whoever holds READ_LOCK (recursive) may read; discards are handled
+	 * at once, faults go to DEFERRED (NDEFERRED of DEFERRED_CAP) for the
+	 * handler, which KICK_FD wakes.  READERS: threads between a read and
+	 * the end of handling its discards (the copier waits for none before
+	 * trusting what it copied).  ZEROED: pages of the set discarded
+	 * before they were copied (stored as zeroes in DISCARD_ZERO mode).
+	 */
+	pthread_mutex_t read_lock;
+	_Atomic int readers;
+	struct uffd_msg *deferred;
+	size_t ndeferred, deferred_cap;
+	_Atomic uint64_t *zeroed;
+
 	struct uffdwp_snapshot_stats st;
 	uint64_t t_start;
 };
@@ -128,6 +152,44 @@ void uw_snap_abort(struct uffdwp_snapshot *s, int err);
 /* Mark the snapshot done with ERR and wake its waiters. */
 void uw_snap_finish(struct uffdwp_snapshot *s, int err);
 
+
+/*
+ * Protect (WP) or unprotect [ADDR, ADDR + LEN), and any userfaultfd ioctl
+ * on S: on -EAGAIN (an event pending) read the events (handling discards,
+ * deferring faults to the handler) and try again.  0 or -errno.
+ */
+int uw_snap_wp(struct uffdwp_snapshot *s, uintptr_t addr, size_t len,
+	       bool wp, bool wake);
+int uw_snap_ioctl(struct uffdwp_snapshot *s, unsigned long req, void *arg);
+/* True in a process other than the one that created S (a child of
+ * fork()): the API then touches nothing and returns -ECHILD. */
+bool uw_snap_foreign(const struct uffdwp_snapshot *s);
+/* Free S's memory and close its descriptors in a child of fork(): no
+ * thread, lock or ioctl of the parent's is touched. */
+void uw_snap_forget(struct uffdwp_snapshot *s);
+/* A duplicate (F_DUPFD_CLOEXEC) of the caller's sink FD: >= 0 or -errno
+ * (-EBADF: FD is not open). */
+int uw_snap_dup_sink(int fd);
+
+/* Reading our own memory without a fault (process_vm_readv(2), plain
+ * copies where it is not allowed): 0, or -EFAULT when part of [SRC,
+ * SRC + LEN) is not mapped readable.  _v fills LOCAL's NLOCAL buffers
+ * (their lengths add up to LEN). */
+int uw_read_self(void *dst, uintptr_t src, size_t len);
+int uw_read_self_v(const struct iovec *local, size_t nlocal, uintptr_t src,
+		   size_t len);
+
+/*
+ * Before anything is allocated: every region mapped (-EFAULT if not), by
+ * mincore(2), which allocates nothing.  Then, on the sorted copy: each
+ * region covered by mappings of one kind, readable and writable (-EINVAL:
+ * PROT_NONE, read-only, or anonymous and file-backed mixed), from
+ * /proc/self/maps; *ANON_PRIVATE tells whether every region is private
+ * anonymous memory.  Without /proc the second check is skipped
+ * (*ANON_PRIVATE false).
+ */
+int uw_regions_mapped(const struct uffdwp_region *r, size_t nr);
+int uw_regions_check_maps(const struct uw_regions *rs, bool *anon_private);
 
 /*
  * Sessions (session.c), as the pre-copy (precopy.c) uses them.

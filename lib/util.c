@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: LGPL-2.1-or-later OR MIT
-/* util.c: page size, clock, retried ioctl, private allocations. */
+/* util.c: page size, clock, retried ioctl, private allocations, reading
+ * our own memory without faulting. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "snapshot.h"
 
 size_t uw_page_size(void)
 {
@@ -26,14 +29,58 @@ uint64_t uw_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * Retried on EINTR only.  -EAGAIN (a userfaultfd's mmap_changing: a
+ * non-cooperative event such as UFFD_EVENT_REMOVE is pending) goes back to
+ * the caller: the event stays pending until somebody reads it, and when
+ * that somebody is the caller, retrying here would spin for ever
+ * (uw_snap_wp() in snapshot.c reads the events and retries).
+ */
 int uw_ioctl(int fd, unsigned long req, void *arg)
 {
 	for (;;) {
 		if (ioctl(fd, req, arg) == 0)
 			return 0;
-		if (errno != EINTR && errno != EAGAIN)
+		if (errno != EINTR)
 			return -errno;
 	}
+}
+
+/* 0: process_vm_readv() on ourselves works; 1: it does not (seccomp,
+ * ENOSYS), so plain copies are used. */
+static int readv_broken;
+
+int uw_read_self_v(const struct iovec *local, size_t nlocal, uintptr_t src,
+		   size_t len)
+{
+	struct iovec remote = { (void *)src, len };
+	ssize_t n;
+
+	if (!__atomic_load_n(&readv_broken, __ATOMIC_RELAXED)) {
+		do
+			n = process_vm_readv(getpid(), local, nlocal, &remote,
+					     1, 0);
+		while (n < 0 && errno == EINTR);
+		if (n == (ssize_t)len)
+			return 0;
+		if (n >= 0 || errno == EFAULT || errno == ENOMEM)
+			return -EFAULT;
+		if (errno != ENOSYS && errno != EPERM)
+			return -errno;
+		__atomic_store_n(&readv_broken, 1, __ATOMIC_RELAXED);
+	}
+	for (size_t i = 0; i < nlocal; i++) {
+		memcpy(local[i].iov_base, (const void *)src, local[i].iov_len);
+		src += local[i].iov_len;
+	}
+	return 0;
+}
+
+int uw_read_self(void *dst, uintptr_t src, size_t len)
+{
+	struct iovec l = { dst, len };
+
+	return uw_read_self_v(&l, 1, src, len);
 }
 
 void *uw_alloc(size_t len)

@@ -12,8 +12,10 @@
  *    spilled into a pipe sink's memfd) and for a clean page alike;
  *  - a page discarded (MADV_DONTNEED) between snapshots is in the next
  *    delta, and so is a write to it after that delta's instant; one
- *    discarded before the copier reached it fails the snapshot with
- *    -EAGAIN, and the next snapshot is a base;
+ *    discarded before the copier reached it is stored as zeroes (the
+ *    default for private anonymous memory), or with
+ *    UFFDWP_SNAP_DISCARD_FAIL fails the snapshot with -EAGAIN, and the
+ *    next snapshot is a base;
  *  - a read(2) into a clean page (a kernel-mode write) is in the next delta;
  *  - a write into a PMD-mapped THP puts its whole block in the next delta
  *    and the block stays PMD-mapped through the writes and the instants;
@@ -369,10 +371,10 @@ static void t_dontneed(void)
 }
 
 /*
- * session-discard-during: a page the held copier has not copied is
- * discarded: the snapshot fails with -EAGAIN (its contents at the instant
- * are gone), the writers are free, and the next snapshot is a base that
- * loads back right.
+ * session-discard-during: with UFFDWP_SNAP_DISCARD_FAIL, a page the held
+ * copier has not copied is discarded: the snapshot fails with -EAGAIN
+ * (its contents at the instant are gone), the writers are free, and the
+ * next snapshot is a base that loads back right.
  */
 static void t_discard_during(void)
 {
@@ -381,6 +383,7 @@ static void t_discard_during(void)
 	char *p = map(len), *img = map(len);
 	struct uffdwp_region r = { p, len }, dst = { img, len };
 	struct uffdwp_snapshot_info info = { 0 };
+	struct uffdwp_session_opts o = { .flags = UFFDWP_SNAP_DISCARD_FAIL };
 	struct uffdwp_session *ss = NULL;
 	int fds[2] = { new_file(), new_file() };
 	int err, failed = 0, e_load = -1;
@@ -388,7 +391,7 @@ static void t_discard_during(void)
 	if (skip_no_wp(name))
 		return;
 	fill(p, len, 5);
-	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	err = uffdwp_session_new(&ss, &r, 1, &o);
 	gate_hold();
 	if (!err)
 		err = uffdwp_session_snapshot(ss, fds[0], 0);
@@ -414,6 +417,116 @@ static void t_discard_during(void)
 	close(fds[1]);
 	munmap(p, len);
 	munmap(img, len);
+}
+
+/*
+ * session-discard-zero: by default (private anonymous memory) a page the
+ * held copier has not copied is discarded: the snapshot succeeds and
+ * stores it as zeroes, every other page as it was; the next delta holds
+ * the page (discarded counts as written) and loads back right.
+ */
+static void t_discard_zero(void)
+{
+	const char *name = "session-discard-zero";
+	size_t len = 16 * psz;
+	char *p = map(len), *img = map(len), *want = malloc(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { new_file(), new_file() };
+	int err, res = -1;
+	bool first = false, second = false;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 6);
+	memcpy(want, p, len);
+	memset(want + 2 * psz, 0, psz);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	gate_hold();
+	if (!err)
+		err = uffdwp_session_snapshot(ss, fds[0], 0);
+	if (!err && madvise(p + 2 * psz, psz, MADV_DONTNEED))
+		err = -errno;
+	gate_remove();
+	if (!err)
+		res = uffdwp_session_wait(ss, 120000);
+	if (!err && !res) {
+		first = !load_chain(fds, 1, &dst, 1, NULL) &&
+			!memcmp(img, want, len);
+		p[2 * psz] = 9;
+		err = snap(ss, fds[1], 0, &st);
+	}
+	if (!err && !res)
+		second = !load_chain(fds, 2, &dst, 1, NULL) &&
+			 !memcmp(img, p, len);
+	uffdwp_session_free(ss);
+	tap_check(!err && !res && first && second && st.pages == 1, name,
+		  "err %d, the snapshot returned %d (want 0), its file %s, the next delta (%llu pages, want 1) %s",
+		  err, res, first ? "right" : "WRONG",
+		  (unsigned long long)st.pages, second ? "right" : "WRONG");
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+	munmap(img, len);
+	free(want);
+}
+
+/*
+ * session-madvise-load: a base and three deltas of a 16 MiB arena (half
+ * THP) while three writers write it and a thread gives parts of it back
+ * (MADV_DONTNEED, MADV_FREE + MADV_PAGEOUT, MADV_PAGEOUT, MADV_COLD),
+ * moves them (move_pages()) or forks, every 20 ms (issue #35, item 0):
+ * every snapshot finishes in bounded time (a watchdog fails the case
+ * rather than hang the run), and base + deltas load back as one instant
+ * of the writers each time.
+ */
+static void t_madvise_load(void)
+{
+	const char *name = "session-madvise-load";
+	char *img = malloc(MLOAD_LEN);
+	struct uffdwp_session *ss = NULL;
+	struct uffdwp_snapshot_stats st = { 0 };
+	int fds[4] = { -1, -1, -1, -1 };
+	const char *why = "";
+	struct mload m;
+	size_t bad = 0;
+	int err, n = 0;
+
+	if (skip_no_wp(name))
+		return;
+	watchdog_arm(name, 120);
+	err = mload_start(&m);
+	if (!err) {
+		struct uffdwp_region r = { m.arena, MLOAD_LEN };
+
+		err = uffdwp_session_new(&ss, &r, 1, NULL);
+	}
+	for (; !err && !bad && n < 4; n++) {
+		struct uffdwp_region dst = { img, MLOAD_LEN };
+
+		usleep(50000);
+		fds[n] = new_file();
+		err = snap(ss, fds[n], 0, &st);
+		if (!err)
+			err = load_chain(fds, n + 1, &dst, 1, NULL);
+		if (!err)
+			bad = mload_check(img, &why);
+	}
+	uffdwp_session_free(ss);	/* writers still running */
+	mload_stop(&m);
+	watchdog_disarm();
+	tap_check(!err && !bad && n == 4, name,
+		  "snapshot %d: error %d, inconsistent at byte %zu (%s)", n, err,
+		  bad ? bad - 1 : 0, why);
+	tap_diag("madvise-load: %lu dontneed, %lu free+pageout, %lu pageout, %lu cold, %lu move_pages, %lu fork; last delta: %llu pages, pause %llu us",
+		 m.ops[0], m.ops[1], m.ops[2], m.ops[3], m.ops[4], m.ops[5],
+		 (unsigned long long)st.pages,
+		 (unsigned long long)st.pause_ns / 1000);
+	for (int i = 0; i < 4; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(img);
 }
 
 /* session-kernel-write: read(2) into a clean page is in the next delta. */
@@ -540,13 +653,41 @@ out:
 
 /* ---- the tool ---- */
 
+/* The uffdwp tool: $UFFDWP_TOOL, else beside this program (the guest's
+ * /bin) or one directory up (build/host/tests -> build/host/uffdwp). */
+static const char *find_tool(void)
+{
+	static char path[4200];
+	char self[4096];
+	ssize_t n;
+
+	if (getenv("UFFDWP_TOOL"))
+		return getenv("UFFDWP_TOOL");
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n > 0) {
+		char *slash;
+
+		self[n] = 0;
+		slash = strrchr(self, '/');
+		if (slash) {
+			*slash = 0;
+			snprintf(path, sizeof(path), "%s/uffdwp", self);
+			if (!access(path, X_OK))
+				return path;
+			snprintf(path, sizeof(path), "%s/../uffdwp", self);
+			if (!access(path, X_OK))
+				return path;
+		}
+	}
+	return "/bin/uffdwp";
+}
+
 /* session-tool-restore: `uffdwp restore` rebuilds the image from a base
  * and two deltas written to files. */
 static void t_tool_restore(void)
 {
 	const char *name = "session-tool-restore";
-	const char *tool = getenv("UFFDWP_TOOL") ? getenv("UFFDWP_TOOL") :
-			   "/bin/uffdwp";
+	const char *tool = find_tool();
 	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64], out[64];
 	size_t len = 24 * psz;
 	char *p = map(len), *img = malloc(len);
@@ -817,7 +958,7 @@ static void t_load_bad(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(13);
+	tap_plan(15);
 	uffdwp_probe(&f);
 	t_base_delta();
 	t_concurrent();
@@ -825,6 +966,8 @@ int main(void)
 	t_writes_during(true);
 	t_dontneed();
 	t_discard_during();
+	t_discard_zero();
+	t_madvise_load();
 	t_kernel_write();
 	t_thp();
 	t_tool_restore();

@@ -30,6 +30,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/fs.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
@@ -38,6 +39,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -237,6 +239,16 @@ struct pieces {
 	int err;
 };
 
+/* Is descriptor A open on the same file as FD?  (The library writes to
+ * its own duplicate of the sink.) */
+static bool same_file(unsigned long a, int fd)
+{
+	struct stat x, y;
+
+	return a < (unsigned long)INT_MAX && !fstat((int)a, &x) &&
+	       !fstat(fd, &y) && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
 static long blocked_write_len(int fd)
 {
 	DIR *d = opendir("/proc/self/task");
@@ -257,7 +269,7 @@ static long blocked_write_len(int fd)
 			continue;
 		if (fgets(line, sizeof(line), f) &&
 		    sscanf(line, "%ld 0x%lx 0x%lx 0x%lx", &nr, &a0, &a1, &a2) == 4 &&
-		    nr == SYS_write && a0 == (unsigned long)fd)
+		    nr == SYS_write && same_file(a0, fd))
 			ret = (long)a2;
 		fclose(f);
 	}
@@ -959,11 +971,11 @@ static void t_thp_kept(void)
 }
 
 /*
- * snapshot-discard-during: with the copier held before its first chunk, a
- * page is discarded.  Its contents at the instant are gone, so the
- * snapshot must fail with -EAGAIN (not hand the sink zeroes), and the
- * writers must be free at once (a write to another page goes through
- * while the copier is still held).
+ * snapshot-discard-during: with UFFDWP_SNAP_DISCARD_FAIL and the copier
+ * held before its first chunk, a page is discarded.  Its contents at the
+ * instant are gone, so the snapshot must fail with -EAGAIN (not hand the
+ * sink zeroes), and the writers must be free at once (a write to another
+ * page goes through while the copier is still held).
  */
 static void t_discard_during(void)
 {
@@ -971,7 +983,8 @@ static void t_discard_during(void)
 	size_t len = 16 * psz;
 	char *p = map(len, false), *buf = malloc(len);
 	struct uffdwp_region r = { p, len };
-	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn,
+					  .flags = UFFDWP_SNAP_DISCARD_FAIL };
 	struct uffdwp_snapshot *s = NULL;
 	struct rev_writer w = { .p = p + 8 * psz, .pages = 1 };
 	struct collect c;
@@ -1003,6 +1016,111 @@ static void t_discard_during(void)
 		  err, res, released ? "went on" : "WAITED", c.calls);
 	munmap(p, len);
 	free(buf);
+}
+
+/*
+ * snapshot-discard-zero: by default (private anonymous memory), with the
+ * copier held, a page not copied yet is discarded: the snapshot succeeds,
+ * the page is stored as zeroes (what the program reads after giving it
+ * back) and every other page as it was at the instant.
+ */
+static void t_discard_zero(void)
+{
+	const char *name = "snapshot-discard-zero";
+	size_t len = 16 * psz;
+	char *p = map(len, false), *buf = malloc(len), *want = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s = NULL;
+	struct collect c;
+	int err, res = -1;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 14);
+	memcpy(want, p, len);
+	memset(want + 3 * psz, 0, psz);
+	collect_init(&c, buf, &r, 1);
+	o.sink_arg = &c;
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err && madvise(p + 3 * psz, psz, MADV_DONTNEED))
+		err = -errno;
+	if (!err)
+		p[5 * psz] = 1;		/* after the instant: not in the copy */
+	gate_remove();
+	if (s) {
+		res = uffdwp_snapshot_wait(s, 120000);
+		uffdwp_snapshot_free(s);
+	}
+	tap_check(!err && !res && !memcmp(buf, want, len), name,
+		  "err %d, the snapshot returned %d (want 0), copy %s",
+		  err, res, memcmp(buf, want, len) ? "WRONG" : "right");
+	munmap(p, len);
+	free(buf);
+	free(want);
+}
+
+/* A sink callback copying the load's arena (one region) into ARG. */
+static int arena_sink(void *arg, const void *addr, const void *data,
+		      size_t len)
+{
+	struct { char *img; char *arena; } *a = arg;
+
+	memcpy(a->img + ((const char *)addr - a->arena), data, len);
+	return 0;
+}
+
+/*
+ * snapshot-madvise-load: three snapshots of a 16 MiB arena (half THP)
+ * while three writers write it and a thread gives parts of it back
+ * (MADV_DONTNEED, MADV_FREE + MADV_PAGEOUT, MADV_PAGEOUT, MADV_COLD),
+ * moves them (move_pages()) or forks, every 20 ms (issue #35, item 0):
+ * each finishes in bounded time (a watchdog fails the case, not the run)
+ * and is one instant of the writers.
+ */
+static void t_madvise_load(void)
+{
+	const char *name = "snapshot-madvise-load";
+	struct { char *img; char *arena; } a = { malloc(MLOAD_LEN), NULL };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = arena_sink,
+					  .sink_arg = &a };
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct mload m;
+	const char *why = "";
+	size_t bad = 0;
+	int err, n = 0;
+
+	if (skip_no_wp(name))
+		return;
+	watchdog_arm(name, 120);
+	err = mload_start(&m);
+	a.arena = m.arena;
+	for (; !err && !bad && n < 3; n++) {
+		struct uffdwp_region r = { m.arena, MLOAD_LEN };
+		struct uffdwp_snapshot *s = NULL;
+
+		usleep(50000);
+		memset(a.img, 0, MLOAD_LEN);
+		err = uffdwp_snapshot_start(&s, &r, 1, &o);
+		if (!err) {
+			err = uffdwp_snapshot_wait(s, 60000);
+			uffdwp_snapshot_stats(s, &st);
+			uffdwp_snapshot_free(s);
+		}
+		if (!err)
+			bad = mload_check(a.img, &why);
+	}
+	mload_stop(&m);
+	watchdog_disarm();
+	tap_check(!err && !bad && n == 3, name,
+		  "snapshot %d: error %d, inconsistent at byte %zu (%s)", n, err,
+		  bad ? bad - 1 : 0, why);
+	tap_diag("madvise-load: %lu dontneed, %lu free+pageout, %lu pageout, %lu cold, %lu move_pages, %lu fork; last: %llu faults, pause %llu us",
+		 m.ops[0], m.ops[1], m.ops[2], m.ops[3], m.ops[4], m.ops[5],
+		 (unsigned long long)st.faults,
+		 (unsigned long long)st.pause_ns / 1000);
+	free(a.img);
 }
 
 static void t_never_waits(void)
@@ -1085,7 +1203,7 @@ static void t_bad_input(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(21);
+	tap_plan(23);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
@@ -1097,6 +1215,8 @@ int main(void)
 	t_unpopulated();
 	t_cancel();
 	t_discard_during();
+	t_discard_zero();
+	t_madvise_load();
 	t_kernel_writes();
 	t_bad_input();
 	return tap_done();

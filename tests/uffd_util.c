@@ -18,6 +18,13 @@
 #include <unistd.h>
 
 #include "uffd_util.h"
+/* Host builds (-Ilib) on headers older than 6.7: PAGEMAP_SCAN as the
+ * library has it, so that the helpers see what the library sees. */
+#if !defined(PAGEMAP_SCAN) && defined(__has_include)
+#if __has_include("uapi_compat.h")
+#include "uapi_compat.h"
+#endif
+#endif
 
 #ifndef MADV_PAGEOUT
 #define MADV_PAGEOUT 21

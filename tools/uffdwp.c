@@ -76,9 +76,14 @@ static int cmd_info(void)
 	printf("WP_RING write log:                %s\n", yes(f.wp_ring));
 	printf("soft-dirty:                       %s\n", yes(f.soft_dirty));
 	printf("transparent hugepages:            %s\n", yes(f.thp));
+	printf("kernel-mode faults allowed:       %s\n", yes(f.kernel_faults));
 	printf("features: %s\n", names);
-	printf("snapshot: %s\n", f.wp ? "available" :
-	       "unavailable (no sync write-protect on anonymous memory)");
+	if (!f.wp)
+		printf("snapshot: unavailable (no sync write-protect on anonymous memory)\n");
+	else if (f.kernel_faults)
+		printf("snapshot: available\n");
+	else
+		printf("snapshot: available, user-mode faults only (read(2) and other system calls writing into memory being snapshotted fail with EFAULT; allow with CAP_SYS_PTRACE, vm.unprivileged_userfaultfd=1 or access to /dev/userfaultfd)\n");
 	printf("tracker backends:");
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++) {
 		int err = uffdwp_backend_available(b);
