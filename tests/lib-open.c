@@ -243,6 +243,29 @@ static void t_names(void)
 		  buf, n, m);
 }
 
+/*
+ * probe-kernel-faults: uffdwp_features.kernel_faults says whether this
+ * process may open a userfaultfd handling kernel-mode faults, as
+ * uffdwp_open(UFFDWP_OPEN_KERNEL_FAULTS) finds, and the feature names
+ * list "kernel-faults" exactly then; a snapshot falls back to user-mode
+ * faults exactly when it is false.
+ */
+static void t_kernel_faults(void)
+{
+	int fd = uffdwp_open(UFFDWP_OPEN_KERNEL_FAULTS, 0, NULL);
+	bool can = fd >= 0;
+	char buf[256];
+	bool named;
+
+	if (fd >= 0)
+		close(fd);
+	uffdwp_feature_names(&f, buf, sizeof(buf));
+	named = strstr(buf, "kernel-faults") != NULL;
+	tap_check(f.kernel_faults == can && named == can, "probe-kernel-faults",
+		  "kernel_faults %d, uffdwp_open(KERNEL_FAULTS) %d, names '%s'",
+		  f.kernel_faults, fd, buf);
+}
+
 static void t_choose(void)
 {
 	enum uffdwp_backend b = uffdwp_backend_choose();
@@ -259,7 +282,7 @@ static void t_choose(void)
 
 int main(void)
 {
-	tap_plan(13);
+	tap_plan(14);
 	t_version();
 	t_probe();
 	t_probe_no_side_effects();
@@ -269,6 +292,7 @@ int main(void)
 	t_bad_flags();
 	t_missing_feature();
 	t_names();
+	t_kernel_faults();
 	t_choose();
 	return tap_done();
 }

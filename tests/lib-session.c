@@ -529,6 +529,73 @@ static void t_madvise_load(void)
 	free(img);
 }
 
+/*
+ * session-fork-child-free: between two snapshots, a child of fork() frees
+ * its copy of the session: it returns at once (its calls say -ECHILD), the
+ * parent's pages stay protected, a write in the parent still goes through
+ * the parent's handler, and the next delta holds exactly that page.  And a
+ * sink descriptor that is not open is -EBADF.
+ */
+static struct uffdwp_session *fork_ss;
+
+static void t_fork_child_free(void)
+{
+	const char *name = "session-fork-child-free";
+	size_t len = 16 * psz;
+	char *p = map(len), *img = map(len);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_snapshot_stats st = { 0 };
+	int fds[2] = { new_file(), new_file() };
+	int err, status = -1, badf = 0, closed;
+	size_t still = 0;
+	bool same = false;
+	pid_t pid;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 31);
+	watchdog_arm(name, 60);
+	err = uffdwp_session_new(&fork_ss, &r, 1, NULL);
+	if (!err)
+		err = snap(fork_ss, fds[0], 0, NULL);
+	if (!err) {
+		pid = fork();
+		if (pid == 0) {
+			ssize_t d;
+
+			alarm(10);
+			d = uffdwp_session_dirty(fork_ss);
+			uffdwp_session_free(fork_ss);
+			_exit(d == -ECHILD ? 0 : 2);
+		}
+		if (pid < 0 || waitpid(pid, &status, 0) < 0)
+			err = -errno;
+		for (size_t i = 0; i < len / psz; i++)
+			still += page_wp(p + i * psz);
+	}
+	if (!err) {
+		p[3 * psz] = 5;
+		err = snap(fork_ss, fds[1], 0, &st);
+	}
+	if (!err)
+		same = !load_chain(fds, 2, &dst, 1, NULL) && !memcmp(img, p, len);
+	closed = dup(fds[0]);
+	close(closed);
+	if (!err)
+		badf = uffdwp_session_snapshot(fork_ss, closed, 0);
+	uffdwp_session_free(fork_ss);
+	watchdog_disarm();
+	tap_check(!err && status == 0 && still == len / psz && st.pages == 1 &&
+		  same && badf == -EBADF, name,
+		  "err %d, child status %#x (want exit 0), %zu of %zu pages still protected, the next delta %llu pages (want 1), data %s; a closed fd: %d (want -EBADF)",
+		  err, status, still, len / psz, (unsigned long long)st.pages,
+		  same ? "same" : "differs", badf);
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+	munmap(img, len);
+}
+
 /* session-kernel-write: read(2) into a clean page is in the next delta. */
 static void t_kernel_write(void)
 {
@@ -958,7 +1025,7 @@ static void t_load_bad(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(15);
+	tap_plan(16);
 	uffdwp_probe(&f);
 	t_base_delta();
 	t_concurrent();
@@ -968,6 +1035,7 @@ int main(void)
 	t_discard_during();
 	t_discard_zero();
 	t_madvise_load();
+	t_fork_child_free();
 	t_kernel_write();
 	t_thp();
 	t_tool_restore();

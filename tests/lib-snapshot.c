@@ -41,6 +41,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -1123,6 +1124,332 @@ static void t_madvise_load(void)
 	free(a.img);
 }
 
+/* ---- misuse: the library fails the call, never the process ---- */
+
+/*
+ * Run FN in a child process that SECONDS of alarm() bound: its exit
+ * status (0: the case held) or, when a signal ended it, 128 + the signal
+ * (SIGALRM: it hung; SIGSEGV: the library crashed it).
+ */
+static int in_child(int (*fn)(void), int seconds)
+{
+	pid_t pid = fork();
+	int status;
+
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		alarm((unsigned int)seconds);
+		_exit(fn());
+	}
+	if (waitpid(pid, &status, 0) < 0)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) :
+	       128 + WTERMSIG(status);
+}
+
+static const char *child_said(int st)
+{
+	static char buf[64];
+
+	if (st == 128 + SIGALRM)
+		return "hung (SIGALRM)";
+	if (st > 128) {
+		snprintf(buf, sizeof(buf), "killed by %s", strsignal(st - 128));
+		return buf;
+	}
+	snprintf(buf, sizeof(buf), "exit %d", st);
+	return buf;
+}
+
+/* snapshot-unmapped: a region that is not mapped (whole or in part) is
+ * -EFAULT from snapshot_start and session_new, at once. */
+static int unmapped_child(void)
+{
+	size_t len = 8 * psz;
+	char *p = map(len, false);
+	struct uffdwp_region whole = { p, len }, part = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s = NULL;
+	struct uffdwp_session *ss = NULL;
+	struct collect c;
+	char *buf = malloc(len);
+	int e1, e2, e3;
+
+	collect_init(&c, buf, &whole, 1);
+	o.sink_arg = &c;
+	munmap(p + 4 * psz, 4 * psz);
+	e1 = uffdwp_snapshot_start(&s, &part, 1, &o);
+	munmap(p, len);
+	e2 = uffdwp_snapshot_start(&s, &whole, 1, &o);
+	e3 = uffdwp_session_new(&ss, &whole, 1, NULL);
+	if (e1 != -EFAULT || e2 != -EFAULT || e3 != -EFAULT) {
+		tap_diag("unmapped: %d %d %d (want -EFAULT)", e1, e2, e3);
+		return 1;
+	}
+	return 0;
+}
+
+/* snapshot-prot-none: PROT_NONE, read-only, or part PROT_NONE: -EINVAL,
+ * and nothing runs that could fault on it. */
+static int prot_child(void)
+{
+	size_t len = 8 * psz;
+	char *p = map(len, false), *q = map(len, false), *h = map(len, false);
+	struct uffdwp_region none = { p, len }, ro = { q, len }, half = { h, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s = NULL;
+	struct uffdwp_session *ss = NULL;
+	struct collect c;
+	char *buf = malloc(len);
+	int e[4];
+
+	collect_init(&c, buf, &none, 1);
+	o.sink_arg = &c;
+	fill(p, len, 1);
+	fill(q, len, 2);
+	fill(h, len, 3);
+	mprotect(p, len, PROT_NONE);
+	mprotect(q, len, PROT_READ);
+	mprotect(h + 4 * psz, 4 * psz, PROT_NONE);
+	e[0] = uffdwp_snapshot_start(&s, &none, 1, &o);
+	if (!e[0])
+		e[0] = uffdwp_snapshot_wait(s, 5000) ? -999 : 0;
+	e[1] = uffdwp_snapshot_start(&s, &ro, 1, &o);
+	e[2] = uffdwp_snapshot_start(&s, &half, 1, &o);
+	if (!e[2])
+		e[2] = uffdwp_snapshot_wait(s, 5000) ? -999 : 0;
+	e[3] = uffdwp_session_new(&ss, &none, 1, NULL);
+	if (e[0] != -EINVAL || e[1] != -EINVAL || e[2] != -EINVAL ||
+	    e[3] != -EINVAL) {
+		tap_diag("prot-none: %d %d %d %d (want -EINVAL)", e[0], e[1],
+		       e[2], e[3]);
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * snapshot-munmap-during: with the copier held, the second of two 2 MiB
+ * chunks of the region is unmapped (which the header forbids): the
+ * snapshot fails with an error (not 0, and not a signal), a writer in the
+ * first half goes on, and free returns.
+ */
+static int munmap_child(void)
+{
+	size_t len = 4UL << 20;
+	char *p = map(len, false), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s = NULL;
+	struct collect c;
+	int err, res;
+
+	fill(p, len, 4);
+	collect_init(&c, buf, &r, 1);
+	o.sink_arg = &c;
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (err) {
+		tap_diag("munmap-during: start %d", err);
+		return 1;
+	}
+	munmap(p + len / 2, len / 2);
+	gate_remove();
+	p[5 * psz] = 1;
+	res = uffdwp_snapshot_wait(s, 10000);
+	uffdwp_snapshot_free(s);
+	if (!res || res == -ETIMEDOUT) {
+		tap_diag("munmap-during: the snapshot returned %d (want an error)",
+		       res);
+		return 1;
+	}
+	return 0;
+}
+
+static void t_misuse(void)
+{
+	int st;
+
+	if (skip_no_wp("snapshot-unmapped") | skip_no_wp("snapshot-prot-none") |
+	    skip_no_wp("snapshot-munmap-during"))
+		return;
+	st = in_child(unmapped_child, 20);
+	tap_check(!st, "snapshot-unmapped", "child %s", child_said(st));
+	st = in_child(prot_child, 20);
+	tap_check(!st, "snapshot-prot-none", "child %s", child_said(st));
+	st = in_child(munmap_child, 30);
+	tap_check(!st, "snapshot-munmap-during", "child %s", child_said(st));
+}
+
+/*
+ * snapshot-fork-child-free: a child of fork() frees its copy of a running
+ * snapshot (the copier held): the child returns at once (its wait says
+ * -ECHILD), the parent's pages stay protected, and the parent's snapshot
+ * completes with the memory of its instant.
+ */
+static struct uffdwp_snapshot *fork_snap, *s_dummy;
+
+static int fork_child(void)
+{
+	int w = uffdwp_snapshot_wait(fork_snap, 0);
+
+	uffdwp_snapshot_free(fork_snap);
+	return w == -ECHILD ? 0 : 2;
+}
+
+static void t_fork_child_free(void)
+{
+	const char *name = "snapshot-fork-child-free";
+	size_t len = 16 * psz;
+	char *p = map(len, false), *buf = malloc(len), *want = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct collect c;
+	size_t still = 0;
+	int err, st = -1, res = -1;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 21);
+	memcpy(want, p, len);
+	collect_init(&c, buf, &r, 1);
+	o.sink_arg = &c;
+	gate_hold();
+	err = uffdwp_snapshot_start(&s_dummy, &r, 1, &o);
+	fork_snap = s_dummy;
+	if (!err) {
+		st = in_child(fork_child, 10);
+		for (size_t i = 0; i < len / psz; i++)
+			still += page_wp(p + i * psz);
+	}
+	gate_remove();
+	if (!err) {
+		p[psz] = 2;
+		res = uffdwp_snapshot_wait(fork_snap, 60000);
+		uffdwp_snapshot_free(fork_snap);
+	}
+	tap_check(!err && !st && still == len / psz && !res &&
+		  !memcmp(buf, want, len), name,
+		  "start %d, child %s, %zu of %zu pages still protected after it, the snapshot returned %d, copy %s",
+		  err, child_said(st), still, len / psz, res,
+		  memcmp(buf, want, len) ? "WRONG" : "right");
+	munmap(p, len);
+	free(buf);
+	free(want);
+}
+
+/*
+ * snapshot-sink-dup: the caller closes its sink fd while the copier is
+ * held and another file takes its number: the snapshot still goes to the
+ * first file (the library's duplicate), the second gets nothing.  And a
+ * descriptor that is not open is -EBADF at start.
+ */
+static void t_sink_dup(void)
+{
+	const char *name = "snapshot-sink-dup";
+	size_t len = 16 * psz;
+	char *p = map(len, false), *got = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1 };
+	struct uffdwp_snapshot *s = NULL;
+	int fa = memfd_create("a", MFD_CLOEXEC), keep = dup(fa), fb = -1;
+	int err, res = -1, badf;
+	struct stat sb = { 0 };
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 22);
+	o.sink_fd = fa;
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	close(fa);
+	fb = memfd_create("b", MFD_CLOEXEC);
+	if (fb != fa && fb >= 0) {
+		dup2(fb, fa);
+		close(fb);
+	}
+	fb = fa;		/* the number now names the second file */
+	gate_remove();
+	if (!err) {
+		res = uffdwp_snapshot_wait(s, 60000);
+		uffdwp_snapshot_free(s);
+	}
+	fstat(fb, &sb);
+	memset(got, 0, len);
+	if (pread(keep, got, len, 0) != (ssize_t)len)
+		memset(got, 0, len);
+	/* A descriptor number that is not open: closed just now. */
+	o.sink_fd = dup(keep);
+	close(o.sink_fd);
+	badf = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!badf)
+		uffdwp_snapshot_free(s);
+	tap_check(!err && !res && sb.st_size == 0 && !memcmp(got, p, len) &&
+		  badf == -EBADF, name,
+		  "start %d, the snapshot returned %d, the file under the reused number got %lld bytes (want 0), the first file %s; a closed fd: %d (want -EBADF)",
+		  err, res, (long long)sb.st_size,
+		  memcmp(got, p, len) ? "WRONG" : "right", badf);
+	close(fb);
+	close(keep);
+	munmap(p, len);
+	free(got);
+}
+
+/*
+ * snapshot-sink-writes-regions: the sink callback writes pages of the
+ * regions, one the copier has sent already and one it has not reached:
+ * no deadlock (uffdwp_snapshot_start(3) says when there is one), and the
+ * copy is the memory of the instant.
+ */
+struct self_writer {
+	struct collect c;
+	char *p;
+	size_t len;
+};
+
+static int self_writing_fn(void *arg, const void *addr, const void *data,
+			   size_t len)
+{
+	struct self_writer *w = arg;
+
+	w->p[0] ^= 0x5a;			/* sent already */
+	w->p[w->len - 1] ^= 0x5a;		/* not reached yet */
+	return collect_fn(&w->c, addr, data, len);
+}
+
+static void t_sink_writes_regions(void)
+{
+	const char *name = "snapshot-sink-writes-regions";
+	size_t len = 8UL << 20;
+	char *p = map(len, false), *buf = malloc(len), *want = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct self_writer w = { .p = p, .len = len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = self_writing_fn,
+					  .sink_arg = &w };
+	struct uffdwp_snapshot *s = NULL;
+	int err, res = -1;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 23);
+	memcpy(want, p, len);
+	collect_init(&w.c, buf, &r, 1);
+	watchdog_arm(name, 60);
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err) {
+		res = uffdwp_snapshot_wait(s, 30000);
+		uffdwp_snapshot_free(s);
+	}
+	watchdog_disarm();
+	tap_check(!err && !res && !memcmp(buf, want, len), name,
+		  "start %d, the snapshot returned %d, copy %s", err, res,
+		  memcmp(buf, want, len) ? "WRONG" : "right");
+	munmap(p, len);
+	free(buf);
+	free(want);
+}
+
 static void t_never_waits(void)
 {
 	t_never_waits_one(SINK_CALLBACK);
@@ -1203,7 +1530,7 @@ static void t_bad_input(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(23);
+	tap_plan(29);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
@@ -1217,6 +1544,10 @@ int main(void)
 	t_discard_during();
 	t_discard_zero();
 	t_madvise_load();
+	t_misuse();
+	t_fork_child_free();
+	t_sink_dup();
+	t_sink_writes_regions();
 	t_kernel_writes();
 	t_bad_input();
 	return tap_done();
