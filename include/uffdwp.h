@@ -143,8 +143,11 @@ int uffdwp_feature_names(const struct uffdwp_features *f, char *buf,
  * ADDR is where DATA came from in the process, LEN its length (a multiple
  * of the page size).  DATA is valid only during the call.  Return 0 to go
  * on or a negative errno to stop the snapshot with that error.  The
- * callback runs on the library's copier thread; it must not write to the
- * snapshotted regions (that would wait for the copier itself).
+ * callback runs on the library's copier thread.  It may read and write the
+ * snapshotted regions (a write to a page not copied yet is saved like any
+ * other and never waits for the copier); it deadlocks only if it waits for
+ * the snapshot itself: uffdwp_snapshot_wait(), _cancel() or _free() on
+ * it, directly or through another thread.
  */
 typedef int (*uffdwp_sink_fn)(void *arg, const void *addr, const void *data,
 			      size_t len);
@@ -154,7 +157,9 @@ struct uffdwp_snapshot_opts {
 	 * after the other in address order (write(2), no header), or SINK
 	 * is called.  Set SINK_FD to -1 when using SINK.  Descriptor 0 is
 	 * refused (-EINVAL), so that a zero-filled struct is invalid rather
-	 * than a snapshot written to standard input; dup(2) it if needed. */
+	 * than a snapshot written to standard input; dup(2) it if needed.
+	 * The library writes to its own duplicate (F_DUPFD_CLOEXEC), closed
+	 * when the copier is done; -EBADF if SINK_FD is not open. */
 	int sink_fd;
 	uffdwp_sink_fn sink;
 	void *sink_arg;
@@ -251,10 +256,21 @@ struct uffdwp_snapshot;
  * there) read-write memory of this process, page-aligned, non-empty,
  * non-overlapping, not registered with another userfaultfd; they must stay
  * mapped until the snapshot is done.  Regions may be given in any order.
+ * They are checked before anything is allocated.  One unmapped or made
+ * inaccessible while the snapshot runs fails it with -EFAULT (the library
+ * reads them with process_vm_readv(2): no signal).
+ *
+ * After fork() the child's copy of the handle is inert: in the child,
+ * uffdwp_snapshot_free() releases only the child's copies of the library's
+ * memory and descriptors (nothing of the parent's is touched) and the
+ * other calls return -ECHILD.
  *
  * Returns 0 or:
- *   -EINVAL   bad pointer, NR 0, unaligned/empty/overlapping region, no sink
- *             or two sinks, unknown flag;
+ *   -EINVAL   bad pointer, NR 0, unaligned/empty/overlapping region, a
+ *             region PROT_NONE, read-only or of mixed mapping kinds, no
+ *             sink or two sinks, unknown or conflicting flag;
+ *   -EFAULT   part of a region is not mapped;
+ *   -EBADF    SINK_FD is not an open descriptor;
  *   -EOPNOTSUPP  no sync WP on anonymous memory (UFFD_FEATURE_PAGEFAULT_FLAG_WP);
  *   -EBUSY    a region is registered with another userfaultfd;
  *   -ENOMEM   out of memory;
@@ -274,8 +290,9 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
  * accepts no more bytes, or the callback's), the spill file's (-errno of
  * pwrite(2) when a page could not be saved: the writers then go on, the
  * snapshot is lost), -EAGAIN when pages not yet copied were discarded
- * (MADV_DONTNEED, MADV_FREE, MADV_REMOVE) while it ran, or -EIO when
- * protecting or unprotecting failed.
+ * (MADV_DONTNEED, MADV_FREE, MADV_REMOVE) while it ran in
+ * UFFDWP_SNAP_DISCARD_FAIL mode, -EFAULT when a region was unmapped or made
+ * inaccessible under it, or -EIO when protecting or unprotecting failed.
  * Thread safety: one waiter at a time; concurrently with cancel and stats.
  */
 int uffdwp_snapshot_wait(struct uffdwp_snapshot *s, int timeout_ms);
@@ -295,7 +312,8 @@ int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
 			  struct uffdwp_snapshot_stats *st);
 
 /*
- * uffdwp_snapshot_free - cancel if still running, stop the threads,
+ * uffdwp_snapshot_free - cancel if still running (it does not wait for the
+ * copy: uffdwp_snapshot_wait() first for that), stop the threads,
  * unregister and free.  NULL is ignored.
  * Thread safety: once, when no other call on S runs.
  */
@@ -355,9 +373,11 @@ int uffdwp_session_new(struct uffdwp_session **out,
  * session's first, when the previous one failed or with
  * UFFDWP_SESSION_BASE, else a delta.  Returns at the snapshot instant,
  * like uffdwp_snapshot_start(); uffdwp_session_wait() waits for the copy.
- * FD must stay open until then.
+ * The library writes to its own duplicate of FD, closed when the copy is
+ * done.
  * Returns 0 or:
  *   -EINVAL   NULL SS, FD < 0, unknown flag;
+ *   -EBADF    FD is not open;
  *   -EBUSY    the previous snapshot has not finished (wait for it);
  *   -ENOMEM, or what the kernel returned (the session then stays usable
  *             and its next snapshot is a base).
@@ -368,10 +388,11 @@ int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 
 /*
  * uffdwp_session_wait - wait for the current snapshot as
- * uffdwp_snapshot_wait() does.  Besides its errors, -EAGAIN: pages not yet
- * copied were discarded (MADV_DONTNEED and the like) while it ran, so the
- * file cannot hold their contents at the instant; take another snapshot
- * (a base).  -ENOENT when no snapshot was taken.
+ * uffdwp_snapshot_wait() does.  Besides its errors, -EAGAIN (in
+ * UFFDWP_SNAP_DISCARD_FAIL mode): pages not yet copied were discarded
+ * (MADV_DONTNEED and the like) while it ran, so the file cannot hold their
+ * contents at the instant; take another snapshot (a base).  -ENOENT when
+ * no snapshot was taken.
  * Thread safety: as uffdwp_snapshot_wait().
  */
 int uffdwp_session_wait(struct uffdwp_session *ss, int timeout_ms);
@@ -436,8 +457,8 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
  * thread. */
 ssize_t uffdwp_session_dirty(struct uffdwp_session *ss);
 
-/* uffdwp_session_free - stop a running snapshot, unprotect, unregister and
- * free.  NULL is ignored.  Thread safety: once, when no other call on SS
+/* uffdwp_session_free - cancel a running snapshot, unprotect, unregister and
+ * free.  NULL is ignored.  In a child of fork(), as uffdwp_snapshot_free().  Thread safety: once, when no other call on SS
  * runs. */
 void uffdwp_session_free(struct uffdwp_session *ss);
 
