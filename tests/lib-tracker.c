@@ -12,7 +12,14 @@
  *    the kernel can discard the entries or protects them first;
  *  - AUTO picks uffdwp_backend_choose(); a forced backend the kernel lacks
  *    is -EOPNOTSUPP; soft-dirty is one per process (-EBUSY); bad input is
- *    -EINVAL.
+ *    -EINVAL;
+ *  - discarded pages are reported by every backend, the same ones;
+ *  - differential, every backend: writers (and a discarding thread) against
+ *    a shadow kept from what collect reports (UFFDWP_SEED, UFFDWP_DIFF_MS);
+ *  - mprotect: freeing trackers under running writers kills none; a
+ *    read-only region is refused; faults not the tracker's go to the
+ *    previous handler or kill; overlapping trackers are refused; AUTO does
+ *    not switch backends when its own is busy.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -483,10 +490,12 @@ out:
  * while this thread collects again and again and copies every page
  * reported into a shadow; with DISCARD, another thread discards random
  * pages (MADV_DONTNEED) and reads some back (the shared zero page), among
- * them the last quarter, which the writers leave alone then.  After
- * the writers stop and a last collect, the shadow must equal the memory.
- * Seed from UFFDWP_SEED (printed); duration UFFDWP_DIFF_MS per case
- * (default 400).
+ * them the last quarter, which the writers leave alone.  The run is cut
+ * into epochs of a few milliseconds: at the end of each, the writers park,
+ * a last collect brings the shadow up to date, and the shadow must equal
+ * the memory (so a write lost in one epoch is not hidden by a later write
+ * to the same page).  Seed from UFFDWP_SEED (printed); duration
+ * UFFDWP_DIFF_MS per case (default 400).
  */
 #define DIFF_PAGES	1024
 #define DIFF_WRITERS	3
@@ -496,16 +505,18 @@ static long diff_ms = 400;
 
 static bool discard_read_visible(void);
 
+struct diff_thread {
+	pthread_t th;
+	struct diff *d;
+	unsigned long long rng;
+	long writes, discards;
+};
+
 struct diff {
 	char *mem;
-	atomic_int stop;
+	atomic_int stop, park, parked;
 	bool discard, read_back;
-	struct {
-		pthread_t th;
-		struct diff *d;
-		unsigned long long rng;
-		long writes, discards;
-	} w[DIFF_WRITERS + 1];	/* the last one discards */
+	struct diff_thread w[DIFF_WRITERS + 1];	/* the last one discards */
 };
 
 static unsigned long long rnd(unsigned long long *x)
@@ -519,15 +530,22 @@ static unsigned long long rnd(unsigned long long *x)
 
 static void *diff_writer(void *arg)
 {
-	typeof(((struct diff *)0)->w[0]) *w = arg;
+	struct diff_thread *w = arg;
 	struct diff *d = w->d;
 	bool discarder = w == &d->w[DIFF_WRITERS];
 
-	while (!atomic_load_explicit(&d->stop, memory_order_relaxed)) {
+	while (!atomic_load(&d->stop)) {
 		unsigned long long r = rnd(&w->rng);
 		long pg = (long)(r % (discarder ? DIFF_PAGES : DIFF_PAGES * 3 / 4));
 		long run = (r >> 20) % 16 == 0 ? 1 + (long)((r >> 24) % 8) : 1;
 
+		if (atomic_load(&d->park)) {
+			atomic_fetch_add(&d->parked, 1);
+			while (atomic_load(&d->park) && !atomic_load(&d->stop))
+				usleep(50);
+			atomic_fetch_sub(&d->parked, 1);
+			continue;
+		}
 		if (discarder) {
 			madvise(d->mem + pg * psz, psz, MADV_DONTNEED);
 			if (d->read_back && (r >> 40) & 1)
@@ -548,6 +566,31 @@ static void *diff_writer(void *arg)
 	return NULL;
 }
 
+/* Collect until the array is not full, copying what is reported into
+ * SHADOW; the count of pages, or -errno, or -1000 for a page outside. */
+static long diff_collect(struct uffdwp_tracker *t, struct diff *d,
+			 char *shadow, void **pages)
+{
+	long total = 0;
+
+	for (;;) {
+		ssize_t n = uffdwp_tracker_collect(t, pages, DIFF_PAGES);
+
+		if (n < 0)
+			return (long)n;
+		for (ssize_t i = 0; i < n; i++) {
+			long idx = ((char *)pages[i] - d->mem) / psz;
+
+			if (idx < 0 || idx >= DIFF_PAGES)
+				return -1000;
+			memcpy(shadow + idx * psz, d->mem + idx * psz, psz);
+		}
+		total += n;
+		if (n < DIFF_PAGES)
+			return total;
+	}
+}
+
 static void t_differential(enum uffdwp_backend b, bool discard)
 {
 	char name[80], why[256] = "";
@@ -555,9 +598,8 @@ static void t_differential(enum uffdwp_backend b, bool discard)
 	struct diff d = { .discard = discard };
 	char *shadow = NULL;
 	void **pages = NULL;
-	long rounds = 0, reported = 0, writes = 0, discards = 0, stale = 0,
-	     first_stale = -1;
-	int err = uffdwp_backend_available(b);
+	long rounds = 0, epochs = 0, reported = 0, writes = 0, discards = 0;
+	int err = uffdwp_backend_available(b), nthreads = DIFF_WRITERS + discard;
 	unsigned long long rng = seed ^ ((unsigned long long)b << 32 | discard);
 
 	snprintf(name, sizeof(name), "tracker-differential-%s%s",
@@ -590,71 +632,72 @@ static void t_differential(enum uffdwp_backend b, bool discard)
 		tap_fail(name, "tracker_new: %s", strerror(-err));
 		goto out;
 	}
-	for (int i = 0; i < DIFF_WRITERS + discard; i++) {
+	for (int i = 0; i < nthreads; i++) {
 		d.w[i].d = &d;
 		d.w[i].rng = rnd(&rng) | 1;
 		pthread_create(&d.w[i].th, NULL, diff_writer, &d.w[i]);
 	}
-	uint64_t end = now_ms() + (uint64_t)diff_ms;
-	bool stopped = false;
+	/* At least the time asked for, and 12 collects unless that takes
+	 * four times as long (a slow guest). */
+	uint64_t start = now_ms(), end = start + (uint64_t)diff_ms,
+		 cap = start + 4 * (uint64_t)diff_ms;
 
-	for (;;) {
-		ssize_t n;
+	while (!why[0] && (now_ms() < end || (rounds < 12 && now_ms() < cap))) {
+		/* An epoch: collects while the writers run... */
+		int k = 1 + (int)(rnd(&rng) % 6);
+		long n = 0;
 
-		if (!stopped && now_ms() >= end) {
-			atomic_store(&d.stop, 1);
-			for (int i = 0; i < DIFF_WRITERS + discard; i++) {
-				pthread_join(d.w[i].th, NULL);
-				writes += d.w[i].writes;
-				discards += d.w[i].discards;
-			}
-			stopped = true;	/* then one last collect */
+		for (int i = 0; i < k && n >= 0; i++) {
+			n = diff_collect(t, &d, shadow, pages);
+			rounds++;
+			reported += n > 0 ? n : 0;
+			if (rnd(&rng) % 2)
+				usleep((useconds_t)(rnd(&rng) % 2000));
 		}
-		n = uffdwp_tracker_collect(t, pages, DIFF_PAGES);
+		/* ...then the writers park, a last collect, and a check. */
+		atomic_store(&d.park, 1);
+		while (atomic_load(&d.parked) < nthreads)
+			usleep(50);
+		if (n >= 0)
+			n = diff_collect(t, &d, shadow, pages);
+		epochs++;
 		if (n < 0) {
-			snprintf(why, sizeof(why), "collect: %s", strerror((int)-n));
-			break;
-		}
-		rounds++;
-		reported += n;
-		for (ssize_t i = 0; i < n; i++) {
-			long idx = ((char *)pages[i] - d.mem) / psz;
+			snprintf(why, sizeof(why), "collect: %s",
+				 n == -1000 ? "a page outside the region" :
+				 strerror((int)-n));
+		} else {
+			long stale = 0, first = -1;
 
-			if (idx < 0 || idx >= DIFF_PAGES) {
-				snprintf(why, sizeof(why), "collect reported %p, outside",
-					 pages[i]);
-				break;
-			}
-			memcpy(shadow + idx * psz, d.mem + idx * psz, psz);
+			for (long i = 0; i < DIFF_PAGES; i++)
+				if (memcmp(shadow + i * psz, d.mem + i * psz, psz)) {
+					stale++;
+					if (first < 0)
+						first = i;
+				}
+			if (stale)
+				snprintf(why, sizeof(why),
+					 "epoch %ld: %ld of %d pages stale in the shadow (first: page %ld)",
+					 epochs, stale, DIFF_PAGES, first);
 		}
-		if (why[0] || (stopped && n < DIFF_PAGES))
-			break;
-		if (!stopped && rnd(&rng) % 4 == 0)
-			usleep((useconds_t)(rnd(&rng) % 500));
+		atomic_store(&d.park, 0);
 	}
-	if (!stopped) {
-		atomic_store(&d.stop, 1);
-		for (int i = 0; i < DIFF_WRITERS + discard; i++)
-			pthread_join(d.w[i].th, NULL);
+	atomic_store(&d.stop, 1);
+	for (int i = 0; i < nthreads; i++) {
+		pthread_join(d.w[i].th, NULL);
+		writes += d.w[i].writes;
+		discards += d.w[i].discards;
 	}
-	for (long i = 0; i < DIFF_PAGES && !why[0]; i++)
-		if (memcmp(shadow + i * psz, d.mem + i * psz, psz)) {
-			stale++;
-			if (first_stale < 0)
-				first_stale = i;
-		}
-	if (!why[0] && stale)
-		snprintf(why, sizeof(why),
-			 "%ld of %d pages stale in the shadow (first: page %ld)",
-			 stale, DIFF_PAGES, first_stale);
 	if (!why[0] && (writes == 0 || rounds < 3))
 		snprintf(why, sizeof(why), "no test: %ld writes, %ld collects",
 			 writes, rounds);
+	if (!why[0])
+		tap_diag("%s: %ld writes, %ld discards, %ld collects in %ld epochs reporting %ld pages",
+			 name, writes, discards, rounds, epochs, reported);
 out:
 	uffdwp_tracker_free(t);
 	tap_check(!why[0], name,
-		  "%s; seed %llu (UFFDWP_SEED), %ld ms, %ld writes, %ld discards, %ld collects reporting %ld pages",
-		  why, seed, diff_ms, writes, discards, rounds, reported);
+		  "%s; seed %llu (UFFDWP_SEED), %ld ms, %ld writes, %ld discards, %ld collects in %ld epochs reporting %ld pages",
+		  why, seed, diff_ms, writes, discards, rounds, epochs, reported);
 	if (d.mem)
 		munmap(d.mem - psz, (DIFF_PAGES + 2) * psz);
 	free(shadow);
