@@ -1,0 +1,598 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * ring-promise: one deterministic case per finding of issue #34, each
+ * checking the write-log ring's promise on one path: a consumer that
+ * harvests the ring (entries up to the producer, UFFDIO_RING_RESET, then
+ * the contents; or, after an overflow, a discarding reset and a
+ * PAGEMAP_SCAN round) never misses a change to a tracked page.
+ *
+ *  1 reset-race-refault-after-dontneed: threads race MADV_DONTNEED and
+ *    refaults of a few pages against UFFDIO_RING_RESET; once everything
+ *    is quiet and harvested, a write to each page must be logged.
+ *  2 move-out-logged: UFFDIO_MOVE of a protected page out of the tracked
+ *    range empties the source: an entry must name it, and the source's
+ *    next write must be logged.
+ *  3 hugetlb-private-dontneed-logged: MADV_DONTNEED of a protected private
+ *    hugetlb page zeroes it: a huge entry must name it.
+ *  4 shmem-punch-hole-logged, shmem-madv-remove-logged,
+ *    hugetlbfs-punch-hole-logged: hole punching in tracked shared memory
+ *    zeroes pages: an entry must name them, and their next write must be
+ *    logged.
+ *  5 close-with-ring-mapped-releases: close() of the userfaultfd with the
+ *    ring still mapped, after UFFDIO_SET_MODE to sync, must release the
+ *    context: a writer of a protected page completes within seconds.
+ *  9 copy-over-marker: UFFDIO_COPY over a protected (unpopulated, marked)
+ *    page.  Without MODE_WP what happens is reported (logging it or
+ *    documenting it as the monitor's own change were both allowed: the
+ *    series documents it); with MODE_WP the page must stay protected and
+ *    its next write be logged.
+ *
+ * Every case runs in a child process with a deadline, so none can hang the
+ * plan; the child reports its verdict through shared memory.
+ */
+#define _GNU_SOURCE
+#include "tap.h"
+#include "uffd_ring.h"
+#include "uffd_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef MADV_REMOVE
+#define MADV_REMOVE 9
+#endif
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004U
+#endif
+
+static long psz;
+
+/* A case's verdict, written by the child. */
+enum { V_PASS, V_FAIL, V_SKIP };
+struct verdict {
+	int v;
+	char why[900];
+};
+static struct verdict *vd;
+
+static void say(int v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(int v, const char *fmt, ...)
+{
+	va_list ap;
+
+	vd->v = v;
+	va_start(ap, fmt);
+	vsnprintf(vd->why, sizeof(vd->why), fmt, ap);
+	va_end(ap);
+}
+
+/* Run FN in a child; kill it after TMO seconds.  One TAP line. */
+static void run_case(const char *name, void (*fn)(void), int tmo)
+{
+	long long end = now_ms() + tmo * 1000LL;
+	int st = 0;
+	pid_t pid, w = 0;
+
+	vd->v = V_FAIL;
+	snprintf(vd->why, sizeof(vd->why), "the case exited without a verdict");
+	pid = fork();
+	if (pid < 0) {
+		tap_fail(name, "fork: %s", strerror(errno));
+		return;
+	}
+	if (!pid) {
+		alarm(tmo + 5);
+		fn();
+		_exit(0);
+	}
+	while (now_ms() < end && !(w = waitpid(pid, &st, WNOHANG)))
+		usleep(20000);
+	if (!w) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+		tap_fail(name, "no verdict within %d s (child killed); last word: %s",
+			 tmo, vd->why);
+		return;
+	}
+	if (WIFSIGNALED(st)) {
+		tap_fail(name, "child killed by signal %d; last word: %s",
+			 WTERMSIG(st), vd->why);
+		return;
+	}
+	if (vd->v == V_PASS)
+		tap_pass(name);
+	else if (vd->v == V_SKIP)
+		tap_skip(name, "%s", vd->why);
+	else
+		tap_fail(name, "%s", vd->why);
+	tap_diag("%s: %s", name, vd->why);
+}
+
+/* True if an entry in [from, producer) covers ADDR. */
+static bool logged_since(const struct uring_view *r, uint64_t from, void *addr)
+{
+	unsigned long a = (unsigned long)addr;
+	uint64_t prod = ring_producer(r);
+
+	if (prod - from > r->hdr->entries)
+		from = prod - r->hdr->entries;
+	for (uint64_t i = from; i < prod; i++) {
+		uint64_t e = ring_entry(r, i);
+		unsigned long s = e & ~(uint64_t)(psz - 1);
+		unsigned long len = e & UFFD_RING_ENTRY_HUGE ? HPAGE_SIZE : (unsigned long)psz;
+
+		if (a >= s && a < s + len)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The consumer's harvest with nothing running: protect what was logged
+ * (or, after an overflow, discard and rescan [P, P + LEN)).  0 or -errno.
+ */
+static int harvest_quiet(struct uring_view *r, void *p, size_t len)
+{
+	uint64_t prod = ring_producer(r);
+	int err;
+
+	if (ring_overflowed(r)) {
+		err = ring_reset(r, prod, UFFDIO_RING_RESET_DISCARD |
+				 UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
+		if (!err && scan_written_reprotect(p, len, NULL, NULL) < 0)
+			err = -EIO;
+		return err;
+	}
+	return ring_reset(r, prod, 0, NULL);
+}
+
+static int open_ring(struct uring_view *r, uint64_t entries, uint64_t extra)
+{
+	int err = ring_open(r, entries, extra);
+
+	if (err == -EINVAL || err == -ENOTTY || err == -EOPNOTSUPP) {
+		say(V_SKIP, "no write-log ring with features %#llx: %s",
+		    (unsigned long long)extra, strerror(-err));
+		return err;
+	}
+	if (err)
+		say(V_FAIL, "ring_open: %s", strerror(-err));
+	return err;
+}
+
+static int track(struct uring_view *r, void *p, size_t len)
+{
+	int err = uffd_register(r->uffd, p, len, UFFDIO_REGISTER_MODE_WP, NULL);
+
+	if (!err)
+		err = uffd_wp(r->uffd, p, len, UFFDIO_WRITEPROTECT_MODE_WP);
+	if (err)
+		say(V_FAIL, "register/protect: %s", strerror(-err));
+	return err;
+}
+
+/* ---- 1: reset race against MADV_DONTNEED and refaults ---- */
+
+#define RACE_PAGES 8
+static char *race_p;
+static volatile int race_stop;
+
+static void *race_dontneed(void *arg)
+{
+	unsigned int i = 0;
+
+	(void)arg;
+	while (!race_stop) {
+		char *pg = race_p + (i++ % RACE_PAGES) * psz;
+
+		pg[64] = (char)i;
+		madvise(pg, psz, MADV_DONTNEED);
+	}
+	return NULL;
+}
+
+static void *race_rw(void *arg)
+{
+	unsigned int x = (unsigned int)(unsigned long)arg * 2654435761u + 1;
+	volatile char sink;
+
+	while (!race_stop) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		char *pg = race_p + (x % RACE_PAGES) * psz;
+
+		if (x & 0x100)
+			sink = pg[128];
+		else
+			pg[128 + (x >> 24) % 64] = (char)x;
+	}
+	(void)sink;
+	return NULL;
+}
+
+static void case_reset_race(void)
+{
+	size_t len = RACE_PAGES * psz;
+	long long deadline = now_ms() + 20000;
+	struct uring_view r;
+	int round;
+
+	if (open_ring(&r, 1024, 0))
+		return;
+	race_p = map_anon_aligned(len, HPAGE_SIZE);
+	if (!race_p) {
+		say(V_FAIL, "mmap failed");
+		return;
+	}
+	madvise(race_p, len, MADV_NOHUGEPAGE);
+	memset(race_p, 1, len);
+	if (track(&r, race_p, len))
+		return;
+	for (round = 1; now_ms() < deadline; round++) {
+		pthread_t t[3];
+		long long stop_at = now_ms() + 300;
+		unsigned long resets = 0;
+		int k, missed = 0, first = -1;
+
+		race_stop = 0;
+		pthread_create(&t[0], NULL, race_dontneed, NULL);
+		pthread_create(&t[1], NULL, race_rw, (void *)1UL);
+		pthread_create(&t[2], NULL, race_rw, (void *)2UL);
+		while (now_ms() < stop_at) {
+			if (harvest_quiet(&r, race_p, len) == 0)
+				resets++;
+		}
+		race_stop = 1;
+		for (k = 0; k < 3; k++)
+			pthread_join(t[k], NULL);
+		/* Quiet: harvest what the threads left, then write each page. */
+		if (harvest_quiet(&r, race_p, len)) {
+			say(V_FAIL, "quiet harvest failed");
+			return;
+		}
+		for (k = 0; k < RACE_PAGES; k++) {
+			uint64_t from = ring_producer(&r);
+			bool wp = page_wp(race_p + k * psz);
+
+			race_p[k * psz + 200] ^= 0x5a;
+			if (!logged_since(&r, from, race_p + k * psz)) {
+				missed++;
+				if (first < 0)
+					first = k;
+				tap_diag("round %d: page %d was %sprotected after the quiet harvest; its write was not logged",
+					 round, k, wp ? "" : "NOT ");
+			}
+			harvest_quiet(&r, race_p, len);
+		}
+		if (missed) {
+			say(V_FAIL, "round %d (%lu resets raced): %d of %d pages had a write not logged after a quiet harvest (first: page %d)",
+			    round, resets, missed, RACE_PAGES, first);
+			return;
+		}
+	}
+	say(V_PASS, "%d rounds of 300 ms, every quiet write logged", round - 1);
+}
+
+/* ---- 2: UFFDIO_MOVE out of the tracked range ---- */
+
+static void case_move_out(void)
+{
+	size_t len = 4 * psz;
+	struct uring_view r;
+	char *p, *q;
+	uint64_t from;
+	bool src_logged, write_logged;
+	int err;
+
+	if (open_ring(&r, 64, UFFD_FEATURE_MOVE))
+		return;
+	p = map_anon_aligned(len, psz);
+	q = map_anon_aligned(len, psz);
+	if (!p || !q) {
+		say(V_FAIL, "mmap failed");
+		return;
+	}
+	madvise(p, len, MADV_NOHUGEPAGE);
+	madvise(q, len, MADV_NOHUGEPAGE);
+	memset(p, 0x33, len);
+	if (track(&r, p, len))
+		return;
+	/* The destination must be registered with the same context. */
+	err = uffd_register(r.uffd, q, len, UFFDIO_REGISTER_MODE_WP, NULL);
+	if (err) {
+		say(V_FAIL, "register the destination: %s", strerror(-err));
+		return;
+	}
+	from = ring_producer(&r);
+	err = uffd_move(r.uffd, q + psz, p + psz, psz, 0);
+	if (err) {
+		say(V_FAIL, "UFFDIO_MOVE: %s", strerror(-err));
+		return;
+	}
+	src_logged = logged_since(&r, from, p + psz);
+	harvest_quiet(&r, p, len);
+	from = ring_producer(&r);
+	p[psz + 7] = 0x44;
+	write_logged = logged_since(&r, from, p + psz);
+	if (src_logged && write_logged)
+		say(V_PASS, "the move and the next write were logged");
+	else
+		say(V_FAIL, "source of UFFDIO_MOVE (now reads %d, was 0x33): move %slogged, next write %slogged (source page %sprotected)",
+		    p[psz + 8], src_logged ? "" : "NOT ",
+		    write_logged ? "" : "NOT ",
+		    page_wp(p + psz) ? "" : "not ");
+}
+
+/* ---- 3: MADV_DONTNEED of a private hugetlb page ---- */
+
+static bool hugetlb_reserved(void)
+{
+	FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+	long n = 0;
+
+	if (f) {
+		if (fscanf(f, "%ld", &n) != 1)
+			n = 0;
+		fclose(f);
+	}
+	return n > 0;
+}
+
+static void case_hugetlb_dontneed(void)
+{
+	struct uring_view r;
+	uint64_t from;
+	bool logged;
+	char *p;
+
+	if (!hugetlb_reserved()) {
+		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+		return;
+	}
+	p = mmap(NULL, HPAGE_SIZE, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	if (p == MAP_FAILED) {
+		say(V_SKIP, "MAP_HUGETLB: %s", strerror(errno));
+		return;
+	}
+	memset(p, 0x21, HPAGE_SIZE);
+	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM) ||
+	    track(&r, p, HPAGE_SIZE))
+		return;
+	from = ring_producer(&r);
+	if (madvise(p, HPAGE_SIZE, MADV_DONTNEED)) {
+		say(V_FAIL, "MADV_DONTNEED: %s", strerror(errno));
+		return;
+	}
+	logged = logged_since(&r, from, p + 4096);
+	if (p[4096] == 0x21)
+		say(V_PASS, "content kept (%s)", logged ? "logged" : "not logged");
+	else if (logged)
+		say(V_PASS, "the zap was logged (page now reads %d)", p[4096]);
+	else
+		say(V_FAIL, "the private hugetlb page now reads %d (was 0x21) and no entry names it",
+		    p[4096]);
+}
+
+/* ---- 4: hole punching in tracked shmem and hugetlbfs ---- */
+
+enum hole { HOLE_PUNCH, HOLE_REMOVE };
+
+static void shared_hole(bool huge, enum hole how)
+{
+	size_t unit = huge ? HPAGE_SIZE : (size_t)psz;
+	size_t len = 4 * unit;
+	struct uring_view r;
+	uint64_t from;
+	bool logged, wlogged;
+	char *p;
+	int fd;
+
+	if (huge && !hugetlb_reserved()) {
+		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+		return;
+	}
+	fd = memfd_create("ring-promise", huge ? MFD_HUGETLB : 0);
+	if (fd < 0 || ftruncate(fd, len)) {
+		say(huge ? V_SKIP : V_FAIL, "memfd: %s", strerror(errno));
+		return;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		say(V_FAIL, "mmap memfd: %s", strerror(errno));
+		return;
+	}
+	memset(p, 0x5c, len);
+	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM) ||
+	    track(&r, p, len))
+		return;
+	from = ring_producer(&r);
+	if (how == HOLE_PUNCH) {
+		if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      unit, unit)) {
+			say(V_FAIL, "fallocate(PUNCH_HOLE): %s", strerror(errno));
+			return;
+		}
+	} else if (madvise(p + unit, unit, MADV_REMOVE)) {
+		say(V_FAIL, "MADV_REMOVE: %s", strerror(errno));
+		return;
+	}
+	logged = logged_since(&r, from, p + unit);
+	if (p[unit + 5] == 0x5c) {
+		say(V_PASS, "content kept");
+		return;
+	}
+	harvest_quiet(&r, p, len);
+	from = ring_producer(&r);
+	p[unit + 9] = 0x6d;
+	wlogged = logged_since(&r, from, p + unit);
+	if (logged && wlogged)
+		say(V_PASS, "the hole and the next write were logged");
+	else
+		say(V_FAIL, "%s %s: page 1 now reads %d (was 0x5c); the hole was %slogged, the next write %slogged",
+		    huge ? "hugetlbfs" : "shmem",
+		    how == HOLE_PUNCH ? "fallocate(PUNCH_HOLE)" : "MADV_REMOVE",
+		    p[unit + 5], logged ? "" : "NOT ", wlogged ? "" : "NOT ");
+}
+
+static void case_shmem_punch(void) { shared_hole(false, HOLE_PUNCH); }
+static void case_shmem_remove(void) { shared_hole(false, HOLE_REMOVE); }
+static void case_hugetlbfs_punch(void) { shared_hole(true, HOLE_PUNCH); }
+
+/* ---- 5: close() with the ring mapped, context in sync mode ---- */
+
+static void case_close_releases(void)
+{
+	struct uring_view r;
+	struct writer w;
+	char *p;
+	int err;
+
+	if (!set_mode_supported()) {
+		say(V_SKIP, "no UFFDIO_SET_MODE in this kernel");
+		return;
+	}
+	if (open_ring(&r, 64, 0))
+		return;
+	p = ring_track(&r, 1, true);
+	if (!p) {
+		say(V_FAIL, "ring_track failed");
+		return;
+	}
+	err = uffd_set_async(r.uffd, false);
+	if (err) {
+		say(V_FAIL, "UFFDIO_SET_MODE(disable async): %s", strerror(-err));
+		return;
+	}
+	/* The ring stays mapped: only the fd goes. */
+	close(r.uffd);
+	r.uffd = -1;
+	say(V_FAIL, "writer started after close(), not finished yet");
+	if (writer_start(&w, p, psz, 9)) {
+		say(V_FAIL, "writer_start failed");
+		return;
+	}
+	if (!writer_wait(&w, 5000)) {
+		say(V_FAIL, "a writer of a protected page was still blocked 5 s after close() of the userfaultfd (ring mapped, sync mode): the context was not released");
+		return;
+	}
+	say(V_PASS, "the writer completed after close()");
+}
+
+/* ---- 9: UFFDIO_COPY over a protected marker ---- */
+
+/*
+ * Item 9 let the kernel either log the monitor's own fills over a marker or
+ * document them as the monitor's own change (docs/ring.md does, with patch
+ * 44: without MODE_WP the page is left writable and the monitor records it
+ * itself).  So the copy without MODE_WP is reported (a diagnostic line says
+ * whether it was logged and whether the page stayed protected), and what
+ * must hold either way is judged: the copy over the marker succeeds, and a
+ * copy with MODE_WP leaves its page protected, so that its next write is
+ * logged (the monitor's way to keep tracking a page it fills).
+ */
+static void case_copy_over_marker(void)
+{
+	size_t len = 4 * psz;
+	struct uring_view r;
+	bool logged, wp, wlogged, wp2, wlogged2;
+	uint64_t from;
+	char *p, *src;
+	int err;
+
+	if (open_ring(&r, 64, 0))
+		return;
+	p = ring_track(&r, 4, false);	/* unpopulated: markers only */
+	src = malloc(psz);
+	if (!p || !src) {
+		say(V_FAIL, "ring_track/malloc failed");
+		return;
+	}
+	memset(src, 0x77, psz);
+	harvest_quiet(&r, p, len);
+
+	/* Without MODE_WP: reported. */
+	from = ring_producer(&r);
+	err = uffd_copy(r.uffd, p + psz, src, psz, 0);
+	if (err) {
+		say(V_FAIL, "UFFDIO_COPY over the marker: %s", strerror(-err));
+		return;
+	}
+	logged = logged_since(&r, from, p + psz);
+	wp = page_wp(p + psz);
+	harvest_quiet(&r, p, len);
+	from = ring_producer(&r);
+	p[psz + 3] = 0x11;
+	wlogged = logged_since(&r, from, p + psz);
+	tap_diag("copy-over-marker: UFFDIO_COPY without MODE_WP over a marker: copy %slogged, page %sprotected after it, next write %slogged",
+		 logged ? "" : "not ", wp ? "" : "not ", wlogged ? "" : "not ");
+
+	/* With MODE_WP: the page must stay tracked. */
+	from = ring_producer(&r);
+	err = uffd_copy(r.uffd, p + 2 * psz, src, psz,
+			UFFDIO_COPY_MODE_WP);
+	if (err) {
+		say(V_FAIL, "UFFDIO_COPY(MODE_WP) over the marker: %s",
+		    strerror(-err));
+		return;
+	}
+	wp2 = page_wp(p + 2 * psz);
+	harvest_quiet(&r, p, len);
+	from = ring_producer(&r);
+	p[2 * psz + 3] = 0x12;
+	wlogged2 = logged_since(&r, from, p + 2 * psz);
+	if (wp2 && wlogged2)
+		say(V_PASS, "with MODE_WP the page stays tracked; without it: copy %slogged, page left %s, next write %slogged",
+		    logged ? "" : "not ", wp ? "protected" : "writable",
+		    wlogged ? "" : "not ");
+	else
+		say(V_FAIL, "UFFDIO_COPY(MODE_WP) over a marker left the page %s and its next write %slogged",
+		    wp2 ? "protected" : "writable", wlogged2 ? "" : "NOT ");
+}
+
+int main(void)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+		int tmo;
+	} cases[] = {
+		{ "reset-race-refault-after-dontneed", case_reset_race, 60 },
+		{ "move-out-logged", case_move_out, 30 },
+		{ "hugetlb-private-dontneed-logged", case_hugetlb_dontneed, 30 },
+		{ "shmem-punch-hole-logged", case_shmem_punch, 30 },
+		{ "shmem-madv-remove-logged", case_shmem_remove, 30 },
+		{ "hugetlbfs-punch-hole-logged", case_hugetlbfs_punch, 30 },
+		{ "close-with-ring-mapped-releases", case_close_releases, 20 },
+		{ "copy-over-marker", case_copy_over_marker, 30 },
+	};
+	unsigned int i, n = sizeof(cases) / sizeof(cases[0]);
+
+	psz = page_size();
+	vd = mmap(NULL, sizeof(*vd), PROT_READ | PROT_WRITE,
+		  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (vd == MAP_FAILED)
+		return 1;
+	tap_plan(n);
+	if (!ring_supported()) {
+		for (i = 0; i < n; i++)
+			tap_skip(cases[i].name, "this kernel has no write-log ring");
+		return tap_done();
+	}
+	for (i = 0; i < n; i++)
+		run_case(cases[i].name, cases[i].fn, cases[i].tmo);
+	return tap_done();
+}
