@@ -20,6 +20,10 @@
  *  - precopy-enospc: a file that fills up during the rounds fails the
  *    pre-copy with -ENOSPC; the session goes on in sync mode (a write
  *    after the failure is seen) and its next snapshot is an exact base;
+ *  - precopy-madvise-load: a pre-copy base and a delta under issue #35's
+ *    load (writers, and discards, pageouts, move_pages() and fork() every
+ *    20 ms): each finishes (a watchdog fails the case rather than hang)
+ *    and loads back as one instant of the writers;
  *  - precopy-bad-input: -EINVAL (NULL, fd, flags, reserved, a pipe, an
  *    O_APPEND file), -EOPNOTSUPP (a session without WP on unpopulated
  *    pages), -EBUSY (a snapshot still running).
@@ -455,12 +459,68 @@ out:
 	munmap(img, len);
 }
 
+static void t_madvise_load(void)
+{
+	const char *name = "precopy-madvise-load";
+	char *img = malloc(MLOAD_LEN);
+	struct uffdwp_session *ss = NULL;
+	struct uffdwp_snapshot_stats st = { 0 };
+	int fds[2] = { memfd_create("base", MFD_CLOEXEC),
+		       memfd_create("delta", MFD_CLOEXEC) };
+	struct uffdwp_region dst = { img, MLOAD_LEN };
+	const char *why = "";
+	struct mload m;
+	size_t bad = 0;
+	int err, n = 0;
+
+	if (skip_no_precopy(name))
+		return;
+	watchdog_arm(name, 240);
+	err = mload_start(&m);
+	if (!err) {
+		struct uffdwp_region r = { m.arena, MLOAD_LEN };
+
+		err = uffdwp_session_new(&ss, &r, 1, NULL);
+	}
+	if (!err) {
+		n++;
+		err = precopy(ss, fds[0], &st);
+	}
+	if (!err)
+		err = load_chain(fds, 1, &dst, 1, NULL);
+	if (!err)
+		bad = mload_check(img, &why);
+	if (!err && !bad) {
+		n++;
+		usleep(50000);
+		err = uffdwp_session_snapshot(ss, fds[1], 0);
+		if (!err)
+			err = uffdwp_session_wait(ss, 120000);
+		if (!err)
+			err = load_chain(fds, 2, &dst, 1, NULL);
+		if (!err)
+			bad = mload_check(img, &why);
+	}
+	uffdwp_session_free(ss);	/* writers still running */
+	mload_stop(&m);
+	watchdog_disarm();
+	tap_check(!err && !bad && n == 2, name,
+		  "snapshot %d: error %d, inconsistent at byte %zu (%s)", n, err,
+		  bad ? bad - 1 : 0, why);
+	tap_diag("precopy madvise-load: %lu dontneed, %lu free+pageout, %lu pageout, %lu cold, %lu move_pages, %lu fork; %llu rounds",
+		 m.ops[0], m.ops[1], m.ops[2], m.ops[3], m.ops[4], m.ops[5],
+		 (unsigned long long)st.precopy_rounds);
+	close(fds[0]);
+	close(fds[1]);
+	free(img);
+}
+
 int main(void)
 {
 	psz = page_size();
 	watchdog(900);
 	uffdwp_probe(&f);
-	tap_plan(8);
+	tap_plan(9);
 	t_exact();
 	t_writers("precopy-writers", false, 8UL << 20);
 	t_writers("precopy-writers-thp", true, 8UL << 20);
@@ -468,6 +528,7 @@ int main(void)
 	t_then_delta();
 	t_discard();
 	t_enospc();
+	t_madvise_load();
 	t_bad_input();
 	return tap_done();
 }
