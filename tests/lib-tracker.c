@@ -993,12 +993,24 @@ static void prev_child(void)
 	uffdwp_tracker_free(t);
 }
 
+static void kill_child(void)
+{
+	struct uffdwp_region rw = { no_mem, 4 * psz };
+	struct uffdwp_tracker *t = NULL;
+
+	if (uffdwp_tracker_new(&t, &rw, 1, UFFDWP_BACKEND_MPROTECT))
+		_exit(3);
+	kill(getpid(), SIGSEGV);	/* must die of it, as without */
+	usleep(200000);
+	_exit(5);
+}
+
 static void t_not_ours(void)
 {
 	const char *name = "tracker-mprotect-not-ours";
 	struct uffdwp_region ro;
 	struct uffdwp_tracker *t = NULL;
-	char res1[128], res2[128], res3[128];
+	char res1[128], res2[128], res3[128], res4[128];
 	int err_ro;
 
 	no_mem = mmap(NULL, 8 * psz, PROT_READ | PROT_WRITE,
@@ -1021,11 +1033,14 @@ static void t_not_ours(void)
 	/* A handler the program installed (after an earlier tracker put the
 	 * library's in) gets the faults outside trackers of a new one. */
 	bool ok3 = in_child(prev_child, 10, res3, sizeof(res3));
+	/* A SIGSEGV sent by kill() kills too. */
+	bool ok4 = in_child(kill_child, 10, res4, sizeof(res4));
 
 	tap_check(err_ro == -EINVAL && !ok1 && child_signal(res1) == SIGSEGV &&
-		  !ok2 && child_signal(res2) == SIGSEGV && ok3, name,
-		  "read-only region: %d (want -EINVAL); stray write: child %s; jump into tracked page: child %s (want SIGSEGV for both); previous handler: child %s (exit 6: tracker_new failed, 7: the handler got faults not its own or none, 8: the tracker missed its write)",
-		  err_ro, res1, res2, res3);
+		  !ok2 && child_signal(res2) == SIGSEGV && ok3 &&
+		  !ok4 && child_signal(res4) == SIGSEGV, name,
+		  "read-only region: %d (want -EINVAL); stray write: child %s; jump into tracked page: child %s; kill -SEGV: child %s (want SIGSEGV for all three); previous handler: child %s (exit 6: tracker_new failed, 7: the handler got faults not its own or none, 8: the tracker missed its write)",
+		  err_ro, res1, res2, res4, res3);
 	munmap(no_mem, 8 * psz);
 }
 
