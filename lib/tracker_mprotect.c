@@ -324,11 +324,13 @@ static int mp_start(struct uffdwp_tracker *t)
 	t->faulted = uw_alloc(t->words * 8);
 	if (!t->faulted)
 		return -ENOMEM;
-	err = uw_segv_attach(t, true);
-	if (!err)
-		err = uw_pagemap_open(t);
+	/* The pages' state before the protect (the start of tracking): a
+	 * discard from now on is seen by the first collect. */
+	err = uw_pagemap_open(t);
 	if (!err)
 		err = uw_pagemap_pass(t, false, true);
+	if (!err)
+		err = uw_segv_attach(t, true);
 	return err;
 }
 

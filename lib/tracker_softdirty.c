@@ -63,10 +63,12 @@ static int sd_start(struct uffdwp_tracker *t)
 	err = uw_segv_attach(t, false);
 	if (!err)
 		err = uw_pagemap_open(t);
-	if (!err)
-		err = uw_clear_refs_soft_dirty();
+	/* The pages' state before the clear (the start of tracking): a
+	 * discard from now on is seen by the first collect. */
 	if (!err)
 		err = uw_pagemap_pass(t, false, true);
+	if (!err)
+		err = uw_clear_refs_soft_dirty();
 	return err;
 }
 
