@@ -418,11 +418,15 @@ static void handle_remove(struct uffdwp_snapshot *s, uintptr_t start,
 				uw_bit_set(s->dirty, i);
 			if (!in_set(s, i))
 				continue;
-			/* A save made while the zap ran may be torn: every
-			 * page not copied yet is stored as zeroes. */
-			if (s->discard_zero && st != ST_DONE)
-				uw_bit_set(s->zeroed, i);
-			lost |= st == ST_PENDING || st == ST_COPYING;
+			/* A save made while the zap ran may be torn (another
+			 * thread may have read the event meanwhile): the
+			 * copier stores every page of ZEROED it has not
+			 * reached yet as zeroes, or fails. */
+			if (st == ST_DONE)
+				continue;
+			uw_bit_set(s->zeroed, i);
+			lost |= st == ST_PENDING || st == ST_COPYING ||
+				st == ST_CLAIMED;
 		}
 	}
 	if (lost && !s->discard_zero && !cancelled(s))
@@ -808,11 +812,15 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 		uint32_t now = atomic_load_explicit(&st[i],
 						    memory_order_acquire);
 		int e = fetch_saved(s, first, i, now);
-		bool zero = s->discard_zero && in_set(s, first + i) &&
+		bool gone = in_set(s, first + i) &&
 			    uw_bit_test(s->zeroed, first + i);
+		bool zero = gone && s->discard_zero;
 
 		if (e && !err)
 			err = e;
+		/* DISCARD_FAIL: a page discarded before it was sent. */
+		if (gone && !zero && !err)
+			err = -EAGAIN;
 		if (zero)
 			memset(s->chunk + i * psz, 0, psz);
 		/* A page spilled into a positional sink stays SPILLED: the

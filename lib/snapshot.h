@@ -112,7 +112,8 @@ struct uffdwp_snapshot {
 	 * handler, which KICK_FD wakes.  READERS: threads between a read and
 	 * the end of handling its discards (the copier waits for none before
 	 * trusting what it copied).  ZEROED: pages of the set discarded
-	 * before they were copied (stored as zeroes in DISCARD_ZERO mode).
+	 * before they were copied (stored as zeroes in DISCARD_ZERO mode; the
+	 * copier fails the snapshot with -EAGAIN otherwise).
 	 */
 	pthread_mutex_t read_lock;
 	_Atomic int readers;
