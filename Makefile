@@ -2,7 +2,7 @@
 # tested in QEMU.  `make help` lists the targets.
 
 LANES ?= x86_64 riscv64 x86_64-debug
-# Every lane that carries the series: make check-all (README, Lanes: why
+# Every lane that carries the series: make check-all (docs/lanes.md: why
 # arm64 and ppc64le are not in the default set).
 ALL_LANES ?= x86_64 riscv64 x86_64-debug arm64 ppc64le
 LANE  ?= $(firstword $(LANES))
@@ -19,7 +19,7 @@ check:
 
 ## check-all: make check on ALL_LANES (adds arm64 and ppc64le: two more
 ##       kernels and their guest time; the debug lane runs its full plan,
-##       not make check's reliability subset; README, Lanes)
+##       not make check's reliability subset; docs/lanes.md)
 check-all:
 	@DEBUG_FULL=1 scripts/check.sh $(ALL_LANES)
 
