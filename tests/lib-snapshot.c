@@ -1267,12 +1267,47 @@ static int munmap_child(void)
 	return 0;
 }
 
+/* snapshot-mprotect-during: the same with the second half made
+ * PROT_NONE instead of unmapped. */
+static int mprotect_child(void)
+{
+	size_t len = 4UL << 20;
+	char *p = map(len, false), *buf = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
+	struct uffdwp_snapshot *s = NULL;
+	struct collect c;
+	int err, res;
+
+	fill(p, len, 5);
+	collect_init(&c, buf, &r, 1);
+	o.sink_arg = &c;
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (err) {
+		tap_diag("mprotect-during: start %d", err);
+		return 1;
+	}
+	mprotect(p + len / 2, len / 2, PROT_NONE);
+	gate_remove();
+	p[5 * psz] = 1;
+	res = uffdwp_snapshot_wait(s, 10000);
+	uffdwp_snapshot_free(s);
+	if (res != -EFAULT) {
+		tap_diag("mprotect-during: the snapshot returned %d (want -EFAULT)",
+			 res);
+		return 1;
+	}
+	return 0;
+}
+
 static void t_misuse(void)
 {
 	int st;
 
 	if (skip_no_wp("snapshot-unmapped") | skip_no_wp("snapshot-prot-none") |
-	    skip_no_wp("snapshot-munmap-during"))
+	    skip_no_wp("snapshot-munmap-during") |
+	    skip_no_wp("snapshot-mprotect-during"))
 		return;
 	st = in_child(unmapped_child, 20);
 	tap_check(!st, "snapshot-unmapped", "child %s", child_said(st));
@@ -1280,6 +1315,8 @@ static void t_misuse(void)
 	tap_check(!st, "snapshot-prot-none", "child %s", child_said(st));
 	st = in_child(munmap_child, 30);
 	tap_check(!st, "snapshot-munmap-during", "child %s", child_said(st));
+	st = in_child(mprotect_child, 30);
+	tap_check(!st, "snapshot-mprotect-during", "child %s", child_said(st));
 }
 
 /*
@@ -1530,7 +1567,7 @@ static void t_bad_input(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(29);
+	tap_plan(30);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
