@@ -27,6 +27,17 @@
  *    series documents it); with MODE_WP the page must stay protected and
  *    its next write be logged.
  *
+ * Beyond the list, found by ring-stress on the fixed series:
+ *  overflow-scan-finds-hugetlb-private-dontneed,
+ *  overflow-scan-finds-shmem-punch-hole,
+ *  overflow-scan-finds-hugetlbfs-punch-hole: a removal that leaves a
+ *    uffd-wp marker must still be found by the overflow recovery (discarding
+ *    reset + PAGEMAP_SCAN), whether it happened while the ring was full or
+ *    its entry was discarded.
+ *  scan-during-migration-keeps-protection(-hugetlb): the recovery's
+ *    PAGEMAP_SCAN protecting pages under migration must leave them
+ *    protected once the migration is done.
+ *
  * Every case runs in a child process with a deadline, so none can hang the
  * plan; the child reports its verdict through shared memory.
  */
@@ -46,6 +57,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -563,6 +575,258 @@ static void case_copy_over_marker(void)
 		    wp2 ? "protected" : "writable", wlogged2 ? "" : "NOT ");
 }
 
+/* ---- beyond #34: the overflow recovery must find removed content ---- */
+
+/*
+ * Found by ring-stress on the series with patches 39-45: the recovery after
+ * an overflow (UFFDIO_RING_RESET with DISCARD | CLEAR_OVERFLOW, then a
+ * PAGEMAP_SCAN round with PM_SCAN_WP_MATCHING) must report every page that
+ * changed while the ring could not say so.  A removal that is logged but
+ * leaves a uffd-wp marker behind (private hugetlb MADV_DONTNEED; shmem and
+ * hugetlbfs hole punching where the marker stays) looks protected, not
+ * written, to the scan: if its entry was never logged (the ring was full)
+ * or was discarded by the recovery's own reset, the change is lost.  Both
+ * orders are tried: the removal while the ring is overflowed, and the
+ * removal logged and then discarded.
+ */
+enum removal { RM_HUGETLB_DONTNEED, RM_SHMEM_PUNCH, RM_HUGETLBFS_PUNCH };
+
+struct seen {
+	unsigned long lo, hi;
+	bool hit;
+};
+
+static void seen_cb(unsigned long page, void *arg)
+{
+	struct seen *s = arg;
+
+	if (page >= s->lo && page < s->hi)
+		s->hit = true;
+}
+
+/* Write filler pages until the ring overflows; true if it did. */
+static bool overflow_ring(struct uring_view *r, char *filler, int npages)
+{
+	for (int i = 0; i < npages && !ring_overflowed(r); i++)
+		filler[i * psz] ^= 1;
+	return ring_overflowed(r);
+}
+
+/* One order; returns NULL if the change was found, else what went wrong. */
+static const char *removal_round(enum removal how, bool logged_first)
+{
+	static char why[300];
+	bool huge = how != RM_SHMEM_PUNCH;
+	size_t unit = huge ? HPAGE_SIZE : (size_t)psz, len = 2 * unit;
+	struct uring_view r;
+	struct seen sn;
+	char *filler, *p;
+	int fd = -1, err;
+	long got;
+
+	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM))
+		return vd->why;
+	filler = ring_track(&r, 128, true);
+	if (!filler)
+		return "ring_track of the filler failed";
+	if (how == RM_HUGETLB_DONTNEED) {
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	} else {
+		fd = memfd_create("ring-promise", huge ? MFD_HUGETLB : 0);
+		if (fd < 0 || ftruncate(fd, len))
+			return "memfd failed";
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	}
+	if (p == MAP_FAILED)
+		return "mmap failed";
+	memset(p, 0x3c, len);
+	if (track(&r, p, len))
+		return vd->why;
+	if (!logged_first && !overflow_ring(&r, filler, 128))
+		return "the ring did not overflow";
+	if (how == RM_HUGETLB_DONTNEED)
+		err = madvise(p + unit, unit, MADV_DONTNEED) ? -errno : 0;
+	else
+		err = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				unit, unit) ? -errno : 0;
+	if (err) {
+		snprintf(why, sizeof(why), "the removal failed: %s",
+			 strerror(-err));
+		return why;
+	}
+	if (logged_first && !overflow_ring(&r, filler, 128))
+		return "the ring did not overflow";
+	/* The consumer's recovery: discard, clear, scan everything. */
+	err = ring_reset(&r, ring_producer(&r), UFFDIO_RING_RESET_DISCARD |
+			 UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
+	if (err) {
+		snprintf(why, sizeof(why), "discarding reset: %s", strerror(-err));
+		return why;
+	}
+	sn = (struct seen){ (unsigned long)p + unit, (unsigned long)p + len,
+			    false };
+	got = scan_written_reprotect(p, len, seen_cb, &sn);
+	if (got < 0) {
+		snprintf(why, sizeof(why), "PAGEMAP_SCAN: %s", strerror(-got));
+		return why;
+	}
+	if (p[unit + 7] == 0x3c || sn.hit || logged_since(&r, r.consumer, p + unit))
+		return NULL;
+	snprintf(why, sizeof(why),
+		 "%s: the removed %s now reads %d (was 0x3c) and neither the discarding reset's PAGEMAP_SCAN round nor an entry names it (pagemap %#llx)",
+		 logged_first ? "removal logged, then the ring overflowed and the recovery discarded it"
+			      : "removal while the ring was overflowed",
+		 huge ? "huge page" : "page", p[unit + 7],
+		 (unsigned long long)pagemap_entry(p + unit));
+	return why;
+}
+
+static void overflow_removal(enum removal how)
+{
+	const char *a, *b;
+
+	if (how != RM_SHMEM_PUNCH && !hugetlb_reserved()) {
+		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+		return;
+	}
+	char first[300];
+
+	a = removal_round(how, false);	/* a static buffer: keep a copy */
+	if (a) {
+		snprintf(first, sizeof(first), "%s", a);
+		a = first;
+	}
+	b = removal_round(how, true);
+	if (!a && !b)
+		say(V_PASS, "the recovery scan found the removed page in both orders");
+	else
+		say(V_FAIL, "%s%s%s", a ? a : "", a && b ? "; " : "", b ? b : "");
+}
+
+static void case_ovf_hugetlb(void) { overflow_removal(RM_HUGETLB_DONTNEED); }
+static void case_ovf_shmem(void) { overflow_removal(RM_SHMEM_PUNCH); }
+static void case_ovf_hugetlbfs(void) { overflow_removal(RM_HUGETLBFS_PUNCH); }
+
+/* ---- beyond #34: PAGEMAP_SCAN's protection racing migration ---- */
+
+/*
+ * Found by ring-stress on the series with patches 39-45 (a hugetlb page
+ * written without an entry after migrate, and page_table_check's warning
+ * at mm/page_table_check.c:222 under PAGEMAP_SCAN): the overflow
+ * recovery's PAGEMAP_SCAN with PM_SCAN_WP_MATCHING marks a *writable*
+ * migration entry uffd-wp as it is (make_uffd_wp_pte(),
+ * make_uffd_wp_huge_pte()), where change_protection() makes it readable
+ * first; remove_migration_pte() then maps the page writable and drops the
+ * uffd-wp bit, so the page's next writes are never logged.
+ *
+ * Here a thread migrates the pages between the two nodes while the main
+ * thread unprotects them (writes) and protects them again with the
+ * recovery's scan; after each round, with migration stopped, every page
+ * must be protected again.
+ */
+#define MIG_PAGES 256
+static char *mig_p;
+static size_t mig_unit, mig_n;
+static volatile int mig_stop, mig_paused, mig_idle;
+
+static void *migrate_loop(void *arg)
+{
+	static void *pages[MIG_PAGES];
+	static int nodes[MIG_PAGES], status[MIG_PAGES];
+	int to = 1;
+
+	(void)arg;
+	for (size_t i = 0; i < mig_n; i++)
+		pages[i] = mig_p + i * mig_unit;
+	while (!mig_stop) {
+		if (mig_paused) {
+			mig_idle = 1;
+			usleep(1000);
+			continue;
+		}
+		mig_idle = 0;
+		for (size_t i = 0; i < mig_n; i++)
+			nodes[i] = to;
+		sys_move_pages(mig_n, pages, nodes, status, MPOL_MF_MOVE);
+		to ^= 1;
+	}
+	return NULL;
+}
+
+static void scan_vs_migration(bool huge)
+{
+	struct stat st;
+	struct uring_view r;
+	pthread_t t;
+	long long deadline = now_ms() + 15000;
+	size_t len, bad = 0, first = 0;
+	long got;
+	int round;
+
+	if (stat("/sys/devices/system/node/node1", &st)) {
+		say(V_SKIP, "one NUMA node: nothing to migrate to");
+		return;
+	}
+	if (huge && !hugetlb_reserved()) {
+		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+		return;
+	}
+	mig_unit = huge ? HPAGE_SIZE : (size_t)psz;
+	mig_n = huge ? 4 : MIG_PAGES;
+	len = mig_unit * mig_n;
+	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM))
+		return;
+	mig_p = huge ? mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0)
+		     : map_anon_aligned(len, psz);
+	if (!mig_p || mig_p == MAP_FAILED) {
+		say(V_FAIL, "mmap failed");
+		return;
+	}
+	if (!huge)
+		madvise(mig_p, len, MADV_NOHUGEPAGE);
+	memset(mig_p, 1, len);
+	if (track(&r, mig_p, len))
+		return;
+	pthread_create(&t, NULL, migrate_loop, NULL);
+	for (round = 1; now_ms() < deadline && !bad; round++) {
+		/* Unprotect every page (async faults), then the recovery. */
+		for (size_t i = 0; i < mig_n; i++)
+			mig_p[i * mig_unit + 8] = (char)round;
+		ring_reset(&r, ring_producer(&r), UFFDIO_RING_RESET_DISCARD |
+			   UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
+		got = scan_written_reprotect(mig_p, len, NULL, NULL);
+		if (got < 0) {
+			mig_stop = 1;
+			pthread_join(t, NULL);
+			say(V_FAIL, "round %d: PAGEMAP_SCAN: %s", round,
+			    strerror(-got));
+			return;
+		}
+		/* Let migration finish, then look. */
+		mig_idle = 0;
+		mig_paused = 1;
+		while (!mig_idle)
+			usleep(1000);
+		for (size_t i = 0; i < mig_n; i++)
+			if (!page_wp(mig_p + i * mig_unit) && !bad++)
+				first = i;
+		mig_paused = 0;
+	}
+	mig_stop = 1;
+	pthread_join(t, NULL);
+	if (bad)
+		say(V_FAIL, "round %d: %zu of %zu %s pages were writable (not uffd-wp) after PAGEMAP_SCAN(WP_MATCHING) protected them while they migrated (first: %zu, pagemap %#llx)",
+		    round - 1, bad, mig_n, huge ? "hugetlb" : "4 KiB", first,
+		    (unsigned long long)pagemap_entry(mig_p + first * mig_unit));
+	else
+		say(V_PASS, "%d rounds, every page protected after each", round - 1);
+}
+
+static void case_scan_migration(void) { scan_vs_migration(false); }
+static void case_scan_migration_hugetlb(void) { scan_vs_migration(true); }
+
 int main(void)
 {
 	static const struct {
@@ -578,6 +842,11 @@ int main(void)
 		{ "hugetlbfs-punch-hole-logged", case_hugetlbfs_punch, 30 },
 		{ "close-with-ring-mapped-releases", case_close_releases, 20 },
 		{ "copy-over-marker", case_copy_over_marker, 30 },
+		{ "overflow-scan-finds-hugetlb-private-dontneed", case_ovf_hugetlb, 30 },
+		{ "overflow-scan-finds-shmem-punch-hole", case_ovf_shmem, 30 },
+		{ "overflow-scan-finds-hugetlbfs-punch-hole", case_ovf_hugetlbfs, 30 },
+		{ "scan-during-migration-keeps-protection", case_scan_migration, 40 },
+		{ "scan-during-migration-keeps-protection-hugetlb", case_scan_migration_hugetlb, 40 },
 	};
 	unsigned int i, n = sizeof(cases) / sizeof(cases[0]);
 
