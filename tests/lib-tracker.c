@@ -485,6 +485,68 @@ out:
 }
 
 /*
+ * tracker-ring-overflow-hugetlb: a private hugetlb page, tracked with a
+ * region big enough to overflow the ring, is dropped by MADV_DONTNEED (its
+ * content becomes zero; the kernel logs a huge entry and keeps the
+ * page's uffd-wp marker), then the other region is written past the ring.
+ * The overflow discards the entry and PAGEMAP_SCAN reports the hugetlb
+ * page as protected and unchanged, so collect must report it by itself.
+ */
+static void t_ring_overflow_hugetlb(void)
+{
+	const char *name = "tracker-ring-overflow-hugetlb";
+	const size_t hsz = 2u << 20;
+	struct uffdwp_tracker *t = NULL;
+	void **pages = NULL;
+	ssize_t n = -1;
+	long reported = 0;
+	char *p = NULL, *h;
+	int err = uffdwp_backend_available(UFFDWP_BACKEND_RING);
+
+	if (err) {
+		tap_skip(name, "backend ring unavailable on this kernel: %s",
+			 strerror(-err));
+		return;
+	}
+	h = mmap(NULL, hsz, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	if (h == MAP_FAILED) {
+		tap_skip(name, "no 2 MiB hugetlb page to map: %s",
+			 strerror(errno));
+		return;
+	}
+	memset(h, 7, hsz);
+	p = map_guarded(BIG_PAGES);
+	pages = malloc((BIG_PAGES + hsz / psz) * sizeof(*pages));
+	if (!p || !pages)
+		tap_bail("%s: no memory", name);
+	memset(p, 1, BIG_PAGES * psz);
+	struct uffdwp_region r[2] = { { p, BIG_PAGES * psz }, { h, hsz } };
+
+	err = uffdwp_tracker_new(&t, r, 2, UFFDWP_BACKEND_RING);
+	if (err) {
+		tap_fail(name, "tracker_new: %s", strerror(-err));
+		goto out;
+	}
+	if (madvise(h, hsz, MADV_DONTNEED))
+		tap_bail("%s: madvise: %s", name, strerror(errno));
+	for (long i = 0; i < BIG_PAGES; i++)
+		p[i * psz] = 2;
+	n = uffdwp_tracker_collect(t, pages, BIG_PAGES + hsz / psz);
+	for (ssize_t i = 0; i < n; i++)
+		reported += (char *)pages[i] >= h && (char *)pages[i] < h + hsz;
+	tap_check(n >= BIG_PAGES && reported == (long)(hsz / psz) && h[0] == 0,
+		  name,
+		  "hugetlb page dropped, then %d pages written past the ring: collect %zd, %ld of the hugetlb page's %zu pages reported (it reads %d)",
+		  BIG_PAGES, n, reported, hsz / psz, h[0]);
+	uffdwp_tracker_free(t);
+out:
+	free(pages);
+	munmap(p - psz, (BIG_PAGES + 2) * psz);
+	munmap(h, hsz);
+}
+
+/*
  * tracker-differential-<backend>[-discard]: writer threads write random
  * values to random pages (now and then a run of pages) for a bounded time
  * while this thread collects again and again and copies every page
@@ -1112,7 +1174,7 @@ int main(void)
 	env = getenv("UFFDWP_DIFF_MS");
 	if (env)
 		diff_ms = atol(env);
-	tap_plan(34);
+	tap_plan(35);
 	tap_diag("seed %llu (set UFFDWP_SEED to replay)", seed);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
@@ -1133,6 +1195,7 @@ int main(void)
 	t_concurrent(UFFDWP_BACKEND_MPROTECT);
 	t_ring_overflow(false);
 	t_ring_overflow(true);
+	t_ring_overflow_hugetlb();
 	t_errors();
 	t_mprotect_prot();
 	return tap_done();

@@ -678,17 +678,6 @@ static void harvest(void)
 		}
 		scan_pending = true;
 		pthread_rwlock_rdlock(&win_lock);
-		/*
-		 * The documented contract for hugetlb (Documentation's
-		 * write-log ring section): PAGEMAP_SCAN reports a hugetlb page
-		 * whose content a zap removed (private MADV_DONTNEED, hole
-		 * punch) as protected and unchanged, so after an overflow,
-		 * whose entries a discarding reset drops, the consumer reads
-		 * its hugetlb ranges again in full.
-		 */
-		if (parts[P_HUGETLB].on)
-			copy_range((unsigned long)parts[P_HUGETLB].mem,
-				   parts[P_HUGETLB].len);
 	} else {
 		n = prod - R.consumer;
 		for (i = 0; i < n; i++)
