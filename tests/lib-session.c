@@ -495,6 +495,11 @@ static void t_madvise_load(void)
 
 	if (skip_no_wp(name))
 		return;
+	/*
+	 * One watchdog per step, not one for the case: a hang fails every
+	 * kernel, while the debug lane's KASAN kernel, about 40 times slower
+	 * under TCG, takes longer than 120 s for the four snapshots together.
+	 */
 	watchdog_arm(name, 120);
 	err = mload_start(&m);
 	if (!err) {
@@ -502,9 +507,11 @@ static void t_madvise_load(void)
 
 		err = uffdwp_session_new(&ss, &r, 1, NULL);
 	}
+	watchdog_disarm();
 	for (; !err && !bad && n < 4; n++) {
 		struct uffdwp_region dst = { img, MLOAD_LEN };
 
+		watchdog_arm(name, 120);
 		usleep(50000);
 		fds[n] = new_file();
 		err = snap(ss, fds[n], 0, &st);
@@ -512,7 +519,9 @@ static void t_madvise_load(void)
 			err = load_chain(fds, n + 1, &dst, 1, NULL);
 		if (!err)
 			bad = mload_check(img, &why);
+		watchdog_disarm();
 	}
+	watchdog_arm(name, 120);
 	uffdwp_session_free(ss);	/* writers still running */
 	mload_stop(&m);
 	watchdog_disarm();
