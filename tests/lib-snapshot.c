@@ -1230,13 +1230,15 @@ static int prot_child(void)
 }
 
 /*
- * snapshot-munmap-during: with the copier held, the second of two 2 MiB
- * chunks of the region is unmapped (which the header forbids): the
- * snapshot fails with an error (not 0, and not a signal), a writer in the
- * first half goes on, and free returns.
+ * snapshot-munmap-during and snapshot-mprotect-during: with the copier
+ * held, the second of two 2 MiB chunks of the region is unmapped (which
+ * the header forbids) or made PROT_NONE: the snapshot fails with an error
+ * (not 0, and not a signal; -EFAULT for PROT_NONE), a writer in the first
+ * half goes on, and free returns.
  */
-static int munmap_child(void)
+static int changed_during(bool unmap)
 {
+	const char *what = unmap ? "munmap-during" : "mprotect-during";
 	size_t len = 4UL << 20;
 	char *p = map(len, false), *buf = malloc(len);
 	struct uffdwp_region r = { p, len };
@@ -1245,60 +1247,39 @@ static int munmap_child(void)
 	struct collect c;
 	int err, res;
 
-	fill(p, len, 4);
+	fill(p, len, unmap ? 4 : 5);
 	collect_init(&c, buf, &r, 1);
 	o.sink_arg = &c;
 	gate_hold();
 	err = uffdwp_snapshot_start(&s, &r, 1, &o);
 	if (err) {
-		tap_diag("munmap-during: start %d", err);
+		tap_diag("%s: start %d", what, err);
 		return 1;
 	}
-	munmap(p + len / 2, len / 2);
+	if (unmap)
+		munmap(p + len / 2, len / 2);
+	else
+		mprotect(p + len / 2, len / 2, PROT_NONE);
 	gate_remove();
 	p[5 * psz] = 1;
 	res = uffdwp_snapshot_wait(s, 10000);
 	uffdwp_snapshot_free(s);
-	if (!res || res == -ETIMEDOUT) {
-		tap_diag("munmap-during: the snapshot returned %d (want an error)",
-		       res);
+	if (unmap ? !res || res == -ETIMEDOUT : res != -EFAULT) {
+		tap_diag("%s: the snapshot returned %d (want %s)", what, res,
+			 unmap ? "an error" : "-EFAULT");
 		return 1;
 	}
 	return 0;
 }
 
-/* snapshot-mprotect-during: the same with the second half made
- * PROT_NONE instead of unmapped. */
+static int munmap_child(void)
+{
+	return changed_during(true);
+}
+
 static int mprotect_child(void)
 {
-	size_t len = 4UL << 20;
-	char *p = map(len, false), *buf = malloc(len);
-	struct uffdwp_region r = { p, len };
-	struct uffdwp_snapshot_opts o = { .sink_fd = -1, .sink = collect_fn };
-	struct uffdwp_snapshot *s = NULL;
-	struct collect c;
-	int err, res;
-
-	fill(p, len, 5);
-	collect_init(&c, buf, &r, 1);
-	o.sink_arg = &c;
-	gate_hold();
-	err = uffdwp_snapshot_start(&s, &r, 1, &o);
-	if (err) {
-		tap_diag("mprotect-during: start %d", err);
-		return 1;
-	}
-	mprotect(p + len / 2, len / 2, PROT_NONE);
-	gate_remove();
-	p[5 * psz] = 1;
-	res = uffdwp_snapshot_wait(s, 10000);
-	uffdwp_snapshot_free(s);
-	if (res != -EFAULT) {
-		tap_diag("mprotect-during: the snapshot returned %d (want -EFAULT)",
-			 res);
-		return 1;
-	}
-	return 0;
+	return changed_during(false);
 }
 
 static void t_misuse(void)
