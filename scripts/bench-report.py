@@ -39,6 +39,7 @@ BASELINE = {
     "dirty-harvest": "pagemap_scan",
     "async-fault": "no_ring",
     "snapshot": "fork",
+    "qemu-snapshot": "stop_copy",
 }
 PRIMARY = {
     "write-tracking": "fault_ns",
@@ -46,6 +47,7 @@ PRIMARY = {
     "dirty-harvest": "round_us",
     "async-fault": "fault_ns",
     "snapshot": "pause_us",
+    "qemu-snapshot": "downtime_ms",
 }
 FIELDS = ["benchmark", "variant", "param", "metric", "value", "unit"]
 # Sweeps (`make bench-sweep`): metrics fitted against the swept size

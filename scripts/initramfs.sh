@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # initramfs.sh GUESTDIR PLAN OUT [EXTRA_BIN...]: pack PID 1, the binaries of
-# GUESTDIR/bin (plus any EXTRA_BIN) and PLAN (as /plan) into a newc cpio.
+# GUESTDIR/bin (plus any EXTRA_BIN) and PLAN (as /plan) into a newc cpio;
+# INITRAMFS_TREE adds a directory tree.
 . "$(dirname "$0")/lib.sh"
 guest=$1 plan=$2 out=$3
 shift 3
@@ -19,5 +20,10 @@ for b in "$@"; do
 	cp "$b" "$stage/bin/"
 done
 cp "$plan" "$stage/plan"
+# INITRAMFS_TREE: a directory whose contents go in as they are (the clients
+# step's QEMU with its libraries, scripts/pack-qemu.sh).
+if [ -n "${INITRAMFS_TREE:-}" ]; then
+	cp -a "$INITRAMFS_TREE/." "$stage/"
+fi
 (cd "$stage" && find . | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"$out.tmp"
 mv "$out.tmp" "$out"

@@ -5,6 +5,10 @@
 #                               only test; exit with PROG's status
 #                               (RUN_EXTRA: more static binaries for /bin)
 # lane.sh demo LANE [ARGS]      boot LANE and run `uffdwp demo ARGS`, console on screen
+# lane.sh clients LANE          the clients step (docs/clients.md): Debian's
+#                               QEMU packed in (scripts/pack-qemu.sh), the
+#                               lane's CLIENTS_PLAN (default clients) run;
+#                               build/results/LANE-clients.{tap,console,csv}
 . "$(dirname "$0")/lib.sh"
 mode=$1 lane=$2
 shift 2
@@ -16,6 +20,15 @@ obj=$("$TOP/scripts/build-kernel.sh" "$lane")
 if [ "$mode" = run ]; then
 	# Only PID 1: a half-written test elsewhere must not stop `make run`.
 	guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj" init)
+elif [ "$mode" = clients ]; then
+	# PID 1 and the clients' test programs only, in a guest directory of
+	# their own (the initramfs carries QEMU, not every suite).
+	built=$("$TOP/scripts/build-guest.sh" "$lane" "$obj" init bin/qemu-snapshot)
+	guest=$BUILD/clients/$lane-guest
+	rm -rf "$guest"
+	mkdir -p "$guest/bin"
+	cp "$built/init" "$guest/"
+	cp "$built/bin/qemu-snapshot" "$guest/bin/"
 else
 	guest=$("$TOP/scripts/build-guest.sh" "$lane" "$obj")
 fi
@@ -24,13 +37,23 @@ plan_timeout() {
 	awk '!/^[[:space:]]*(#|$)/ { t += $3 } END { print t + 0 }' "$1"
 }
 
+name=$lane
+tree=
+if [ "$mode" = clients ]; then
+	name=$lane-clients
+	PLAN=${CLIENTS_PLAN:-clients}
+	PLAN_ONLY=
+	tree=$BUILD/clients/$lane-root
+	"$TOP/scripts/pack-qemu.sh" "$lane" "$tree"
+fi
+
 case $mode in
-check)
+check | clients)
 	# PLAN names one or more plans (guest/plans/NAME.plan), run in order;
 	# TIMEOUT_SCALE stretches every entry's timeout for slow kernels;
 	# PLAN_ONLY (an extended regex) keeps only the entries whose name
 	# matches it (the debug lane's subset in make check).
-	plan=$guest/check.plan
+	plan=$guest/$mode.plan
 	for p in $PLAN; do
 		[ -f "$TOP/guest/plans/$p.plan" ] || die "lane $lane: no plan guest/plans/$p.plan"
 		cat "$TOP/guest/plans/$p.plan"
@@ -39,9 +62,9 @@ check)
 		 only != "" && $1 !~ only { next }
 		 { $3 = int($3 * k); print }' >"$plan"
 	grep -qv '^[[:space:]]*\(#\|$\)' "$plan" || die "lane $lane: PLAN_ONLY '${PLAN_ONLY:-}' leaves no entry of $PLAN"
-	initrd=$guest/check.cpio
-	"$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"
-	console=$results/$lane.console
+	initrd=$guest/$mode.cpio
+	INITRAMFS_TREE=$tree "$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"
+	console=$results/$name.console
 	# The guest is killed at the plan's total timeout, capped by the
 	# lane's MAX_GUEST_S (default 40 min): every entry has its own timeout
 	# in the guest, so only a hung kernel reaches the cap, and then its
@@ -63,15 +86,23 @@ check)
 		[ "$try" = 1 ] && [ "$ahead" -gt "${JUMP_S:-300}" ] || break
 		jump="the guest clock jumped ${ahead}s ahead of the host's in the first boot (console kept as $lane.clock-jump.console): the lane was booted again"
 		step "lane $lane: $jump"
-		mv "$console" "$results/$lane.clock-jump.console"
+		mv "$console" "$results/$name.clock-jump.console"
 	done
 	rc=0
 	skips=$TOP/lanes/$SKIPS.skips
+	[ "$mode" = check ] || skips=$TOP/lanes/$name.skips
 	[ -f "$skips" ] || skips=
-	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/$lane.tap" $skips || rc=$?
-	[ -z "$jump" ] || echo "# $jump" >>"$results/$lane.tap"
-	grep '^not ok' "$results/$lane.tap" | sed 's/^/  /' >&2 || true
-	echo "lane $lane: $(tap_totals "$results/$lane.tap" || true)" >&2
+	"$TOP/scripts/collect.py" "$lane" "$console" "$plan" "$results/$name.tap" $skips || rc=$?
+	[ -z "$jump" ] || echo "# $jump" >>"$results/$name.tap"
+	if [ "$mode" = clients ] && grep -q '^@@O qemu-snapshot,' "$console"; then
+		# The figures: medians and spreads in LANE-clients.csv, the
+		# table (ratios to stop-and-copy) in LANE-clients.txt.
+		"$TOP/scripts/bench-report.py" "$lane" "$console" "$results/$name.csv" \
+			"$results/plots-clients" >"$results/$name.txt" 2>&1 || true
+		sed -n '/qemu-snapshot/p' "$results/$name.txt" | sed 's/^/  /' >&2
+	fi
+	grep '^not ok' "$results/$name.tap" | sed 's/^/  /' >&2 || true
+	echo "lane $name: $(tap_totals "$results/$name.tap" || true)" >&2
 	exit $rc
 	;;
 run | demo)
@@ -111,5 +142,5 @@ run | demo)
 	*) step "$name: ${end#* run/"$name" }"; exit 125 ;;
 	esac
 	;;
-*) die "usage: lane.sh check|run|demo LANE ..." ;;
+*) die "usage: lane.sh check|clients|run|demo LANE ..." ;;
 esac
