@@ -17,6 +17,10 @@
 #define UW_HPAGE_SIZE	(2UL << 20)
 
 size_t uw_page_size(void);
+/* uffdwp_probe() that also says whether the answer is only for now: 0,
+ * or the -errno (-EMFILE, -ENFILE, -ENOMEM...) that kept a step of the
+ * probe from telling; such an answer is not cached. */
+int uw_probe(struct uffdwp_features *f);
 uint64_t uw_now_ns(void);
 /* ioctl retried on EINTR: 0 or -errno.  -EAGAIN (a userfaultfd event is
  * pending: mmap_changing) is returned; snapshot.c reads the events and
@@ -65,7 +69,8 @@ int uw_wake(int uffd, uintptr_t addr, size_t len);
 
 /* Snapshot files (snapfile.c; the layout is in docs/libuffdwp.md). */
 #define UW_FILE_MAGIC	"UFFDWPSN"
-#define UW_FILE_VERSION	1
+#define UW_FILE_VERSION	2	/* written; 1 (no checksums) still read */
+#define UW_FILE_CK_MAGIC "UFFDWPCK"
 struct uw_file_header {
 	char magic[8];
 	uint32_t version;
@@ -82,6 +87,17 @@ struct uw_file_header {
 /* Bytes before the first stored page: header, regions, bitmap, padding
  * to a page. */
 size_t uw_file_data_off(size_t nregions, size_t pages_total, size_t psz);
+/* The checksums (version 2): a record's, seeded with its position K
+ * (the prefix is record 0, stored page k record k + 1); LEN a multiple
+ * of 8.  A change confined to one 8-byte word always changes it. */
+uint64_t uw_file_sum(uint64_t k, const void *p, size_t len);
+/* Bytes after the stored pages: their sums, the sums' sum, the magic. */
+static inline size_t uw_file_trailer_len(uint64_t pages)
+{
+	return (size_t)pages * 8 + 16;
+}
+/* Fill BUF (uw_file_trailer_len() bytes) from the stored pages' SUMS. */
+void uw_file_trailer(char *buf, const uint64_t *sums, uint64_t pages);
 /* Fill BUF (uw_file_data_off() bytes) for a file of RS storing the pages
  * set in MAP (PAGES of them; every page when MAP is NULL). */
 void uw_file_prefix(char *buf, const struct uw_regions *rs,
@@ -117,6 +133,8 @@ struct uw_tracker_ops {
 };
 
 struct uffdwp_tracker {
+	pid_t owner;			/* the creating process: in a child of
+					 * fork() the tracker is inert */
 	enum uffdwp_backend backend;
 	const struct uw_tracker_ops *ops;
 	struct uw_regions rs;
@@ -165,6 +183,11 @@ extern const struct uw_tracker_ops uw_ring_ops, uw_scan_ops, uw_softdirty_ops,
  * and writers waiting in the handler in between (soft-dirty's read and
  * clear). */
 int uw_segv_attach(struct uffdwp_tracker *t, bool protect);
+/* Whether T's regions overlap those of a tracker in the table. */
+bool uw_segv_overlaps(const struct uffdwp_tracker *t);
+/* In a child of fork(): T out of the (child's) table and its regions'
+ * protections back in the child's memory, without a lock or a wait. */
+void uw_segv_forget(struct uffdwp_tracker *t);
 void uw_segv_detach(struct uffdwp_tracker *t, bool restore);
 int uw_segv_hold(struct uffdwp_tracker *t);
 int uw_segv_release(struct uffdwp_tracker *t);

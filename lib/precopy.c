@@ -249,7 +249,8 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 	if (uw_snap_foreign(s))
 		return -ECHILD;
 	if (opts) {
-		o = *opts;
+		if (uw_copy_in(&o, opts, sizeof(o)))
+			return -EINVAL;
 		for (size_t i = 0; i < sizeof(o.__reserved) / 8; i++)
 			if (o.__reserved[i])
 				return -EINVAL;

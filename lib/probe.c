@@ -16,14 +16,52 @@ static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct uffdwp_features cached;
 static bool have_cached;
 
+/*
+ * Set when a probe step failed for want of a resource (descriptors or
+ * memory) rather than for want of a feature: that result says nothing
+ * about the kernel and is not cached (a process out of descriptors for
+ * a moment would otherwise see -EOPNOTSUPP for the rest of its life).
+ * The probe runs under PROBE_LOCK, so one flag will do.
+ */
+static int transient;	/* 0 or the first such -errno */
+
+static void note(int err)
+{
+	if (!transient && (err == -EMFILE || err == -ENFILE ||
+			   err == -ENOMEM || err == -EAGAIN ||
+			   err == -ENOBUFS))
+		transient = err;
+}
+
 static bool can_open(unsigned int flags, uint64_t *features)
 {
 	int fd = uffdwp_open(flags, 0, features);
 
-	if (fd < 0)
+	if (fd < 0) {
+		note(fd);
 		return false;
+	}
 	close(fd);
 	return true;
+}
+
+/* /proc/self/pagemap, or -1 (noting a transient failure). */
+static int open_pagemap(void)
+{
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		note(-errno);
+	return fd;
+}
+
+static void *probe_alloc(size_t len)
+{
+	void *p = uw_alloc(len);
+
+	if (!p)
+		note(-ENOMEM);
+	return p;
 }
 
 static bool probe_pagemap_scan(void)
@@ -31,8 +69,8 @@ static bool probe_pagemap_scan(void)
 	size_t psz = uw_page_size();
 	struct page_region vec[1];
 	struct pm_scan_arg arg = { .size = sizeof(arg) };
-	char *p = uw_alloc(psz);
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	char *p = probe_alloc(psz);
+	int fd = open_pagemap();
 	bool ok = false;
 
 	if (p && fd >= 0) {
@@ -58,8 +96,10 @@ static bool probe_set_mode(void)
 	int fd = uffdwp_open(0, UFFD_FEATURE_WP_ASYNC, NULL);
 	bool ok;
 
-	if (fd < 0)
+	if (fd < 0) {
+		note(fd);
 		return false;
+	}
 	ok = !uw_ioctl(fd, UFFDIO_SET_MODE, &m);
 	close(fd);
 	return ok;
@@ -78,8 +118,8 @@ static int pagemap_soft_dirty(int fd, void *addr)
 static bool probe_soft_dirty(void)
 {
 	size_t psz = uw_page_size();
-	volatile char *p = uw_alloc(psz);
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	volatile char *p = probe_alloc(psz);
+	int fd = open_pagemap();
 	bool ok = false;
 
 	/*
@@ -136,25 +176,38 @@ static void probe(struct uffdwp_features *f)
 	f->thp = probe_thp();
 }
 
-int uffdwp_probe_fresh(struct uffdwp_features *f)
+/* As uffdwp_probe_fresh(), returning 0 or the -errno (-EMFILE, -ENOMEM...)
+ * that kept a step from telling. */
+static int probe_fresh(struct uffdwp_features *f)
 {
 	struct uffdwp_features tmp;
+	int err;
 
+	pthread_mutex_lock(&probe_lock);
+	transient = 0;
+	probe(&tmp);
+	err = transient;
+	/* A result marred by a lack of descriptors or memory is returned
+	 * but not kept: the next uffdwp_probe() asks again. */
+	if (!transient) {
+		cached = tmp;
+		have_cached = true;
+	}
+	*f = tmp;
+	pthread_mutex_unlock(&probe_lock);
+	return err;
+}
+
+int uffdwp_probe_fresh(struct uffdwp_features *f)
+{
 	if (!f)
 		return -EINVAL;
-	probe(&tmp);
-	pthread_mutex_lock(&probe_lock);
-	cached = tmp;
-	have_cached = true;
-	*f = cached;
-	pthread_mutex_unlock(&probe_lock);
+	probe_fresh(f);
 	return 0;
 }
 
-int uffdwp_probe(struct uffdwp_features *f)
+int uw_probe(struct uffdwp_features *f)
 {
-	if (!f)
-		return -EINVAL;
 	pthread_mutex_lock(&probe_lock);
 	if (have_cached) {
 		*f = cached;
@@ -162,7 +215,15 @@ int uffdwp_probe(struct uffdwp_features *f)
 		return 0;
 	}
 	pthread_mutex_unlock(&probe_lock);
-	return uffdwp_probe_fresh(f);
+	return probe_fresh(f);
+}
+
+int uffdwp_probe(struct uffdwp_features *f)
+{
+	if (!f)
+		return -EINVAL;
+	uw_probe(f);
+	return 0;
 }
 
 int uffdwp_feature_names(const struct uffdwp_features *f, char *buf,

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -19,22 +20,25 @@ static int cmp_region(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+static bool region_ok(const struct uffdwp_region *r)
+{
+	size_t psz = uw_page_size();
+	uintptr_t a = (uintptr_t)r->addr;
+
+	return a && r->len && !(a % psz) && !(r->len % psz) &&
+	       a + r->len > a;
+}
+
 int uw_regions_init(struct uw_regions *rs, const struct uffdwp_region *r,
 		    size_t nr)
 {
 	size_t psz = uw_page_size();
 	char *mem;
+	int err;
 
 	memset(rs, 0, sizeof(*rs));
 	if (!r || nr == 0 || nr > (1u << 20))
 		return -EINVAL;
-	for (size_t i = 0; i < nr; i++) {
-		uintptr_t a = (uintptr_t)r[i].addr;
-
-		if (!a || !r[i].len || a % psz || r[i].len % psz ||
-		    a + r[i].len < a)
-			return -EINVAL;
-	}
 	rs->alloc_len = (nr * (sizeof(*rs->r) + sizeof(*rs->first)) + psz - 1)
 			/ psz * psz;
 	mem = uw_alloc(rs->alloc_len);
@@ -43,7 +47,15 @@ int uw_regions_init(struct uw_regions *rs, const struct uffdwp_region *r,
 	rs->r = (struct uffdwp_region *)mem;
 	rs->first = (size_t *)(mem + nr * sizeof(*rs->r));
 	rs->nr = nr;
-	memcpy(rs->r, r, nr * sizeof(*r));
+	/* The caller's array may be anything: copied without a fault. */
+	err = uw_copy_in(rs->r, r, nr * sizeof(*r));
+	for (size_t i = 0; i < nr && !err; i++)
+		if (!region_ok(&rs->r[i]))
+			err = -EINVAL;
+	if (err) {
+		uw_regions_fini(rs);
+		return err;
+	}
 	qsort(rs->r, nr, sizeof(*rs->r), cmp_region);
 	for (size_t i = 0; i < nr; i++) {
 		if (i && (uintptr_t)rs->r[i - 1].addr + rs->r[i - 1].len >
@@ -61,18 +73,29 @@ int uw_regions_mapped(const struct uffdwp_region *r, size_t nr)
 {
 	size_t psz = uw_page_size();
 	unsigned char vec[4096];
+	struct uffdwp_region c[32];
 
 	if (!r || nr == 0 || nr > (1u << 20))
 		return -EINVAL;
+	/* The caller's array may be anything: read without a fault, a few
+	 * at a time onto our stack (nothing may be allocated yet). */
 	for (size_t i = 0; i < nr; i++) {
-		uintptr_t a = (uintptr_t)r[i].addr;
-
-		if (!a || !r[i].len || a % psz || r[i].len % psz ||
-		    a + r[i].len < a)
+		if (i % 32 == 0 &&
+		    uw_copy_in(c, r + i, (nr - i < 32 ? nr - i : 32) *
+					 sizeof(*r)))
+			return -EINVAL;
+		if (!region_ok(&c[i % 32]))
 			return -EINVAL;
 	}
 	for (size_t i = 0; i < nr; i++) {
-		uintptr_t a = (uintptr_t)r[i].addr, end = a + r[i].len;
+		uintptr_t a, end;
+
+		if (i % 32 == 0 &&
+		    uw_copy_in(c, r + i, (nr - i < 32 ? nr - i : 32) *
+					 sizeof(*r)))
+			return -EINVAL;
+		a = (uintptr_t)c[i % 32].addr;
+		end = a + c[i % 32].len;
 
 		while (a < end) {
 			size_t n = (end - a) / psz;
@@ -334,4 +357,35 @@ void uw_mark_pages(const struct uw_regions *rs, _Atomic uint64_t *map,
 		if (idx >= 0)
 			uw_bit_set(map, (size_t)idx);
 	}
+}
+
+static bool holds(const struct uw_regions *rs, uintptr_t a, size_t len)
+{
+	for (size_t i = 0; i < rs->nr; i++) {
+		uintptr_t r = (uintptr_t)rs->r[i].addr;
+
+		if (a < r + rs->r[i].len && r < a + len)
+			return true;
+	}
+	return false;
+}
+
+static __thread char tls_mark;
+
+bool uw_regions_hold_own_thread(const struct uw_regions *rs)
+{
+	volatile char here = 0;
+	pthread_attr_t at;
+	void *stack;
+	size_t size;
+	bool hit = holds(rs, (uintptr_t)&here, 1) ||
+		   holds(rs, (uintptr_t)&tls_mark, 1) ||
+		   holds(rs, (uintptr_t)pthread_self(), 1);
+
+	if (!hit && !pthread_getattr_np(pthread_self(), &at)) {
+		if (!pthread_attr_getstack(&at, &stack, &size))
+			hit = holds(rs, (uintptr_t)stack, size);
+		pthread_attr_destroy(&at);
+	}
+	return hit;
 }

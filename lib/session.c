@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "snapshot.h"
@@ -31,17 +32,18 @@ int uffdwp_session_new(struct uffdwp_session **out,
 		       const struct uffdwp_session_opts *opts)
 {
 	struct uffdwp_snapshot_opts o = { .sink_fd = -1 };
+	struct uffdwp_session_opts copy = { 0 };
 	struct uffdwp_snapshot *s;
 	int err;
 
-	if (!out || (opts && uw_snap_check_flags(opts->flags, opts->__reserved,
-						 sizeof(opts->__reserved) / 8)))
+	/* The caller's pointers reached without a fault (-EINVAL). */
+	if (!out || uw_store_ptr(out, NULL) ||
+	    (opts && uw_copy_in(&copy, opts, sizeof(copy))) ||
+	    uw_snap_check_flags(copy.flags, copy.__reserved,
+				sizeof(copy.__reserved) / 8))
 		return -EINVAL;
-	*out = NULL;
-	if (opts) {
-		o.side_cap = opts->side_cap;
-		o.flags = opts->flags;
-	}
+	o.side_cap = copy.side_cap;
+	o.flags = copy.flags;
 	err = uw_snap_create(&s, regions, nr, &o, true);
 	if (!err)
 		*out = (struct uffdwp_session *)s;
@@ -58,6 +60,86 @@ void uw_session_hold(struct uffdwp_snapshot *s)
 void uw_session_release(struct uffdwp_snapshot *s)
 {
 	pthread_mutex_unlock(&s->instant_lock);
+}
+
+#define PM_UFFD_WP	(1ULL << 57)
+#define PM_BATCH	4096
+
+/*
+ * Memory replaced under the session since the last instant
+ * (mmap(MAP_FIXED) over a region, munmap() and mmap() again, mremap()
+ * away and back: what an allocator's decommit does).  The new memory is
+ * not registered with our userfaultfd and not write-protected, so its
+ * writes raise no fault and set no dirty bit: a delta would silently
+ * miss them.  Every page that is neither dirty nor write-protected
+ * (pagemap bit 57, PM_UFFD_WP, shown for present and swapped pages and
+ * for the markers of unpopulated ones) is such a page, or one whose
+ * protection the kernel dropped some other way (a lazily freed page
+ * reclaimed, a page merged by KSM on a kernel without patch 1): its
+ * content is taken as changed, it joins the set, and the regions are
+ * registered again (a no-op where they still are) so that it can be
+ * protected.  Under the instant lock, so the handler marks nothing
+ * meanwhile.  Costs a pagemap read of every page of the regions (8
+ * bytes a page) in the pause.  0, or -EFAULT when part of a region is not
+ * mapped any more, -EINVAL when its memory is of another kind or
+ * protection now.
+ */
+int uw_session_check_replaced(struct uffdwp_snapshot *s)
+{
+	size_t psz = uw_page_size(), found = 0;
+	uint64_t *e;
+	bool anon;
+	int err = 0;
+
+	if (s->pagemap_fd < 0)
+		return 0;	/* no /proc: the check is skipped */
+	e = uw_alloc(PM_BATCH * 8);
+	if (!e)
+		return -ENOMEM;
+	for (size_t i = 0; i < s->rs.nr && !err; i++) {
+		size_t pages = s->rs.r[i].len / psz;
+		uintptr_t base = (uintptr_t)s->rs.r[i].addr;
+
+		for (size_t done = 0; done < pages && !err;) {
+			size_t n = pages - done < PM_BATCH ? pages - done :
+							     PM_BATCH;
+			ssize_t got = pread(s->pagemap_fd, e, n * 8,
+					    (off_t)((base / psz + done) * 8));
+
+			if (got < 0 && errno == EINTR)
+				continue;
+			if (got < 8) {
+				err = got < 0 ? -errno : -EIO;
+				break;
+			}
+			n = (size_t)got / 8;
+			for (size_t k = 0; k < n; k++) {
+				size_t idx = s->rs.first[i] + done + k;
+
+				if (e[k] & PM_UFFD_WP ||
+				    uw_bit_test(s->dirty, idx))
+					continue;
+				uw_bit_set(s->dirty, idx);
+				found++;
+			}
+			done += n;
+		}
+	}
+	uw_free(e, PM_BATCH * 8);
+	if (err || !found)
+		return err;
+	/* Unmapped (pagemap reads a hole as empty) or of another kind now. */
+	err = uw_regions_check_maps(&s->rs, &anon);
+	for (size_t i = 0; i < s->rs.nr && !err; i++) {
+		struct uffdio_register r = {
+			.range = { .start = (uintptr_t)s->rs.r[i].addr,
+				   .len = s->rs.r[i].len },
+			.mode = UFFDIO_REGISTER_MODE_WP,
+		};
+
+		err = uw_snap_ioctl(s, UFFDIO_REGISTER, &r);
+	}
+	return err;
 }
 
 /* FN on each run of pages of the set (runs end at region ends). */
@@ -209,31 +291,49 @@ int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
 	return uw_snap_setup_spill(s);
 }
 
-int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
-		       int (*prepare)(struct uffdwp_snapshot *s, void *arg),
-		       void *arg)
+struct held {
+	struct uffdwp_snapshot *s;
+	bool base;
+	uint64_t t_start;
+	int (*prepare)(struct uffdwp_snapshot *s, void *arg);
+	void *arg;
+};
+
+/*
+ * What an instant does under the instant lock, run aside
+ * (uw_run_aside(): the caller's own stack or its libc's memory may be in
+ * a region, and a fault there would wait for the handler, which waits
+ * for this lock).  Touches only the library's memory.
+ */
+static int instant_held(void *arg)
 {
+	struct held *h = arg;
+	struct uffdwp_snapshot *s = h->s;
 	uint64_t t0, pages;
+	bool base = h->base;
 	int err = 0;
 
-	uw_snap_find_huge(s);
 	uw_session_hold(s);
 	t0 = uw_now_ns();
-	if (prepare)
-		err = prepare(s, arg);
+	if (h->prepare)
+		err = h->prepare(s, h->arg);
 	if (err) {
 		uw_session_release(s);
-		return fail_instant(s, err);
+		return err;
 	}
 	/* A pre-copy's set is what was written since its last round. */
 	base = !s->full_layout && (s->need_base || base);
-	pages = take_set(s, base);
+	/* Memory replaced under the session since the last instant: its
+	 * pages join the set (or the instant fails, see there). */
+	if (!base)
+		err = uw_session_check_replaced(s);
+	pages = err ? 0 : take_set(s, base);
 	reset_slots(s);
 	/* A pre-copy's file is a base: every page, most of them written
 	 * already, the set's pages by this copier. */
 	reset_stats(s, s->full_layout ? s->rs.pages : pages,
-		    base || s->full_layout, t_start);
-	if (!s->st.used_unpopulated)
+		    base || s->full_layout, h->t_start);
+	if (!err && !s->st.used_unpopulated)
 		err = for_each_run(s, populate_run);
 	if (!err)
 		err = for_each_run(s, protect_run);
@@ -245,6 +345,24 @@ int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
 	pthread_mutex_lock(&s->lock);
 	s->st.pause_ns = uw_now_ns() - t0;
 	pthread_mutex_unlock(&s->lock);
+	return err;
+}
+
+int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
+		       int (*prepare)(struct uffdwp_snapshot *s, void *arg),
+		       void *arg)
+{
+	struct held *h;
+	int err;
+
+	uw_snap_find_huge(s);
+	/* The hand-over lives in the library's memory, not on our stack. */
+	h = uw_alloc(sizeof(*h));
+	if (!h)
+		return fail_instant(s, -ENOMEM);
+	*h = (struct held){ s, base, t_start, prepare, arg };
+	err = uw_run_aside(instant_held, h);
+	uw_free(h, sizeof(*h));
 	if (err)
 		return fail_instant(s, err);
 	err = uw_snap_start_thread(&s->copier, uw_snap_copier_main, s);
@@ -259,6 +377,13 @@ int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
 	return 0;
 }
 
+static int check_maps(struct uffdwp_snapshot *s)
+{
+	bool anon;
+
+	return uw_regions_check_maps(&s->rs, &anon);
+}
+
 int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 			    unsigned int flags)
 {
@@ -271,6 +396,11 @@ int uffdwp_session_snapshot(struct uffdwp_session *ss, int fd,
 	if (uw_snap_foreign(s))
 		return -ECHILD;
 	err = uw_session_prepare(s, fd);
+	if (err)
+		return err;
+	/* A region unmapped (-EFAULT) or changed in kind or protection
+	 * (-EINVAL) since the last instant: no snapshot of it. */
+	err = check_maps(s);
 	if (err)
 		return err;
 	s->full_layout = false;

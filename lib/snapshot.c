@@ -187,6 +187,26 @@ static off_t file_off(struct uffdwp_snapshot *s, size_t idx)
 
 /* Where the handler spills page IDX: its place in a positional sink, else
  * its page index in the memfd. */
+/* The position of page IDX among the file's stored pages. */
+static size_t file_pos(struct uffdwp_snapshot *s, size_t idx)
+{
+	return (size_t)(file_off(s, idx) - s->spill_base - s->data_off) /
+	       uw_page_size();
+}
+
+/* The sum of page IDX as the file holds it (a positional sink). */
+static int sum_from_file(struct uffdwp_snapshot *s, size_t idx)
+{
+	size_t psz = uw_page_size();
+	int err = uw_io_all(s->opts.sink_fd, s->page_buf, psz,
+			    file_off(s, idx), IO_PREAD);
+
+	if (!err)
+		s->sums[file_pos(s, idx)] =
+			uw_file_sum(file_pos(s, idx) + 1, s->page_buf, psz);
+	return err;
+}
+
 static off_t spill_off(struct uffdwp_snapshot *s, size_t idx)
 {
 	return s->sink_positional ? file_off(s, idx) :
@@ -653,6 +673,23 @@ static int sink(struct uffdwp_snapshot *s, uintptr_t addr, size_t first,
 
 	if (s->opts.sink)
 		return s->opts.sink(s->opts.sink_arg, (void *)addr, p, len);
+	/* A session file: each stored page's sum, by its position. */
+	for (size_t i = 0; s->sums && i < n; i++) {
+		int err;
+
+		if (!in_set(s, first + i))
+			continue;
+		if (!spilled_at(s, first, i)) {
+			s->sums[file_pos(s, first + i)] =
+				uw_file_sum(file_pos(s, first + i) + 1,
+					    p + i * psz, psz);
+			continue;
+		}
+		/* spilled into the file by the handler: read it back */
+		err = sum_from_file(s, first + i);
+		if (err)
+			return err;
+	}
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
 		int err;
@@ -900,6 +937,28 @@ static int write_prefix(struct uffdwp_snapshot *s)
 		      s->spill_base, s->sink_positional ? IO_PWRITE : IO_WRITE);
 }
 
+/*
+ * After the pages: their sums (a pre-copy's pages outside the last set
+ * were written by its rounds: read back from the file for theirs), the
+ * sums' sum and the magic.
+ */
+static int write_trailer(struct uffdwp_snapshot *s)
+{
+	size_t len = uw_file_trailer_len(s->st.pages);
+	int err = 0;
+
+	for (size_t i = 0; s->full_layout && i < s->rs.pages && !err; i++)
+		if (!in_set(s, i))
+			err = sum_from_file(s, i);
+	if (err)
+		return err;
+	uw_file_trailer((char *)s->sums, s->sums, s->st.pages);
+	return uw_io_all(s->opts.sink_fd, (char *)s->sums, len,
+			 s->spill_base + s->data_off +
+			 (off_t)(s->st.pages * uw_page_size()),
+			 s->sink_positional ? IO_PWRITE : IO_WRITE);
+}
+
 void *uw_snap_copier_main(void *arg)
 {
 	struct uffdwp_snapshot *s = arg;
@@ -933,9 +992,13 @@ void *uw_snap_copier_main(void *arg)
 			a = next;
 		}
 	}
+	if (!err && s->prefix)
+		err = write_trailer(s);
 	if (!err && s->sink_positional &&
 	    lseek(s->opts.sink_fd, s->spill_base + s->data_off +
-		  (off_t)(s->st.pages * uw_page_size()), SEEK_SET) < 0)
+		  (off_t)(s->st.pages * uw_page_size() +
+			  (s->prefix ? uw_file_trailer_len(s->st.pages) : 0)),
+		  SEEK_SET) < 0)
 		err = -errno;
 	if (err) {
 		/* Let every writer go: nothing more will be saved. */
@@ -955,7 +1018,8 @@ void *uw_snap_copier_main(void *arg)
 
 /* ---- setup and API ---- */
 
-int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+static int start_thread(pthread_t *t, const pthread_attr_t *attr,
+			void *(*fn)(void *), void *arg)
 {
 	sigset_t all, old;
 	int err;
@@ -964,9 +1028,80 @@ int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
 	 * write a protected page and wait for itself. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	err = pthread_create(t, NULL, fn, arg);
+	err = pthread_create(t, attr, fn, arg);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return -err;
+	/* EAGAIN is "no resources for a thread" (RLIMIT_NPROC, RLIMIT_AS,
+	 * memory): -ENOMEM, not the -EAGAIN of pages discarded. */
+	return err == EAGAIN ? -ENOMEM : -err;
+}
+
+int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	return start_thread(t, NULL, fn, arg);
+}
+
+/*
+ * Running the protect phase (and a session's instant) aside.  Between
+ * the first protect and the moment the handler may run (go, or the
+ * instant lock released) no thread that the phase needs may write a
+ * protected page: its fault would wait for the handler, which waits for
+ * the phase.  The caller's thread cannot promise that: its own stack,
+ * its thread-local storage, or memory its libc writes (the mapping after
+ * .bss, malloc's arenas) may lie in a region.  So the phase runs on a
+ * thread of the library's own, on a stack (and thread-local storage,
+ * which glibc puts at its top) the library mapped, touching nothing but
+ * the library's memory, while the caller waits in pthread_join(): a
+ * fault of the caller's there is a writer's like any other, handled once
+ * the phase is over.
+ */
+#define ASIDE_STACK	(256UL << 10)
+
+struct aside {
+	int (*fn)(void *arg);
+	void *arg;
+	int ret;
+};
+
+static void *aside_main(void *p)
+{
+	struct aside *a = p;
+
+	a->ret = a->fn(a->arg);
+	return NULL;
+}
+
+int uw_run_aside(int (*fn)(void *arg), void *arg)
+{
+	char *stack = uw_alloc(ASIDE_STACK);
+	struct aside *a;
+	pthread_attr_t at;
+	pthread_t t;
+	int err;
+
+	if (!stack)
+		return -ENOMEM;
+	/* The hand-over in the library's memory too (the lowest bytes;
+	 * the thread's stack grows down from the top). */
+	a = (struct aside *)stack;
+	a->fn = fn;
+	a->arg = arg;
+	a->ret = 0;
+	err = pthread_attr_init(&at);
+	if (!err)
+		err = pthread_attr_setstack(&at, stack + 4096,
+					    ASIDE_STACK - 4096);
+	if (!err) {
+		err = start_thread(&t, &at, aside_main, a);
+		pthread_attr_destroy(&at);
+	} else {
+		err = -err;
+	}
+	if (!err) {
+		pthread_join(t, NULL);
+		err = a->ret;
+	}
+	uw_free(stack, ASIDE_STACK);
+	return err;
 }
 
 static size_t page_round(size_t n)
@@ -1011,9 +1146,14 @@ static int alloc_buffers(struct uffdwp_snapshot *s, size_t cap)
 	s->dirty = uw_alloc(s->bitmap_len);
 	s->rank = uw_alloc(s->bitmap_len);
 	s->prefix = uw_alloc((size_t)s->data_off);
-	if (!s->set || !s->dirty || !s->rank || !s->prefix)
+	s->sums_len = page_round(uw_file_trailer_len(s->rs.pages));
+	s->sums = uw_alloc(s->sums_len);
+	s->page_buf = uw_alloc(psz);
+	if (!s->set || !s->dirty || !s->rank || !s->prefix || !s->sums ||
+	    !s->page_buf)
 		return -ENOMEM;
-	s->st.fixed_bytes += 3 * s->bitmap_len + (size_t)s->data_off;
+	s->st.fixed_bytes += 3 * s->bitmap_len + (size_t)s->data_off +
+			     s->sums_len + psz;
 	return 0;
 }
 
@@ -1112,6 +1252,8 @@ static void release_memory(struct uffdwp_snapshot *s)
 	uw_free(s->dirty, s->bitmap_len);
 	uw_free(s->rank, s->bitmap_len);
 	uw_free(s->prefix, (size_t)s->data_off);
+	uw_free(s->sums, s->sums_len);
+	uw_free(s->page_buf, uw_page_size());
 	uw_free(s->deferred, s->deferred_cap * sizeof(*s->deferred));
 	uw_regions_fini(&s->rs);
 }
@@ -1306,9 +1448,10 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	s->discard_zero = opts->flags & UFFDWP_SNAP_DISCARD_ZERO ||
 			  (!(opts->flags & UFFDWP_SNAP_DISCARD_FAIL) &&
 			   anon_private);
-	uffdwp_probe(&f);
+	err = uw_probe(&f);
 	if (!f.wp) {
-		err = -EOPNOTSUPP;
+		/* Out of descriptors or memory is not "unsupported". */
+		err = err ? err : -EOPNOTSUPP;
 		goto fail;
 	}
 	s->st.used_unpopulated = f.wp_unpopulated &&
@@ -1356,28 +1499,53 @@ fail:
 	return discard(s, err);
 }
 
+/*
+ * The protect phase of a one-off snapshot (run aside): protect every
+ * region, then let the handler go.  Faults raised meanwhile wait until it
+ * ends.  Touches only the library's memory.
+ */
+static int protect_phase(void *arg)
+{
+	struct uffdwp_snapshot *s = arg;
+	uint64_t t0 = uw_now_ns();
+	int err = 0;
+
+	for (size_t i = 0; i < s->rs.nr && !err; i++)
+		err = uw_snap_wp(s, (uintptr_t)s->rs.r[i].addr,
+				 s->rs.r[i].len, true, false);
+	pthread_mutex_lock(&s->lock);
+	s->st.pause_ns = uw_now_ns() - t0;
+	if (err)
+		s->cancel = true;
+	s->go = true;
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	return err;
+}
+
 int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 			  const struct uffdwp_region *regions, size_t nr,
 			  const struct uffdwp_snapshot_opts *opts)
 {
-	struct uffdwp_snapshot_opts o;
+	struct uffdwp_snapshot_opts o, copy;
 	struct uffdwp_snapshot *s;
-	uint64_t t0;
 	int err;
 
-	if (!out || !opts ||
-	    uw_snap_check_flags(opts->flags, opts->__reserved,
-			sizeof(opts->__reserved) / 8) ||
-	    (opts->sink_fd >= 0) == (opts->sink != NULL) ||
+	/* The caller's pointers reached without a fault: a bad one is
+	 * -EINVAL, not a crash. */
+	if (!out || !opts || uw_store_ptr(out, NULL) ||
+	    uw_copy_in(&copy, opts, sizeof(copy)) ||
+	    uw_snap_check_flags(copy.flags, copy.__reserved,
+			sizeof(copy.__reserved) / 8) ||
+	    (copy.sink_fd >= 0) == (copy.sink != NULL) ||
 	    /* a zero-filled struct must not stream memory to stdin */
-	    opts->sink_fd == 0)
+	    copy.sink_fd == 0)
 		return -EINVAL;
-	*out = NULL;
 	/* Our own duplicate of the sink: closing the caller's descriptor
 	 * (and opening another under its number) cannot redirect us. */
-	o = *opts;
+	o = copy;
 	if (o.sink_fd >= 0) {
-		o.sink_fd = uw_snap_dup_sink(opts->sink_fd);
+		o.sink_fd = uw_snap_dup_sink(copy.sink_fd);
 		if (o.sink_fd < 0)
 			return o.sink_fd;
 	}
@@ -1400,18 +1568,8 @@ int uffdwp_snapshot_start(struct uffdwp_snapshot **out,
 		goto fail;
 	s->copier_started = true;
 
-	/* The snapshot instant: faults raised meanwhile wait until it ends. */
-	t0 = uw_now_ns();
-	for (size_t i = 0; i < s->rs.nr && !err; i++)
-		err = uw_snap_wp(s, (uintptr_t)s->rs.r[i].addr,
-				 s->rs.r[i].len, true, false);
-	s->st.pause_ns = uw_now_ns() - t0;
-	pthread_mutex_lock(&s->lock);
-	if (err)
-		s->cancel = true;
-	s->go = true;
-	pthread_cond_broadcast(&s->changed);
-	pthread_mutex_unlock(&s->lock);
+	/* The snapshot instant, on a thread of ours (uw_run_aside()). */
+	err = uw_run_aside(protect_phase, s);
 	if (err)
 		goto fail;
 	s->st.start_ns = uw_now_ns() - s->t_start;

@@ -89,6 +89,12 @@ struct uffdwp_snapshot {
 	uint32_t kind;
 	char *prefix;
 	off_t data_off;
+	/* SUMS: each stored page's checksum (uw_file_sum()) by its position
+	 * in the file, for the file's trailer; PAGE_BUF: a page read back
+	 * from the file (spilled pages, a pre-copy's earlier rounds). */
+	uint64_t *sums;
+	size_t sums_len;
+	char *page_buf;
 
 	/*
 	 * Pre-copy (precopy.c): a session's userfaultfd also has the
@@ -145,7 +151,12 @@ void uw_snap_find_huge(struct uffdwp_snapshot *s);
  * the end of the file). */
 enum uw_io { IO_WRITE, IO_PWRITE, IO_PREAD };
 int uw_io_all(int fd, char *p, size_t len, off_t off, enum uw_io op);
+/* A thread of ours (every signal blocked): 0 or -errno (-ENOMEM when
+ * pthread_create(3) says EAGAIN). */
 int uw_snap_start_thread(pthread_t *t, void *(*fn)(void *), void *arg);
+/* FN(ARG) on a thread of the library's own, on a stack the library mapped
+ * (snapshot.c says why), the caller waiting: FN's return, or -ENOMEM. */
+int uw_run_aside(int (*fn)(void *arg), void *arg);
 void *uw_snap_copier_main(void *arg);
 int uw_snap_unprotect_all(struct uffdwp_snapshot *s);
 /* Stop saving with ERR (the first wins) and let every writer go. */
@@ -177,6 +188,12 @@ int uw_snap_dup_sink(int fd);
  * SRC + LEN) is not mapped readable.  _v fills LOCAL's NLOCAL buffers
  * (their lengths add up to LEN). */
 int uw_read_self(void *dst, uintptr_t src, size_t len);
+/* The caller's argument structs and output pointers, reached without a
+ * fault: LEN bytes from SRC into DST, or VAL stored at OUT (a void **);
+ * 0, or -EINVAL when the caller's pointer is not readable (writable).
+ * Where process_vm_readv/writev(2) are refused, plain copies. */
+int uw_copy_in(void *dst, const void *src, size_t len);
+int uw_store_ptr(void *out, void *val);
 int uw_read_self_v(const struct iovec *local, size_t nlocal, uintptr_t src,
 		   size_t len);
 
@@ -191,6 +208,9 @@ int uw_read_self_v(const struct iovec *local, size_t nlocal, uintptr_t src,
  */
 int uw_regions_mapped(const struct uffdwp_region *r, size_t nr);
 int uw_regions_check_maps(const struct uw_regions *rs, bool *anon_private);
+/* Whether a region holds part of the calling thread's stack (as
+ * pthread_getattr_np(3) gives it) or its thread-local storage. */
+bool uw_regions_hold_own_thread(const struct uw_regions *rs);
 
 /*
  * Sessions (session.c), as the pre-copy (precopy.c) uses them.
@@ -201,6 +221,11 @@ int uw_regions_check_maps(const struct uw_regions *rs, bool *anon_private);
  * the copier's start; 0 or -errno (the next snapshot is then a base).
  */
 int uw_session_prepare(struct uffdwp_snapshot *s, int fd);
+/* Under the instant lock, before a delta's set is taken: pages neither
+ * dirty nor write-protected (memory replaced under the session) marked
+ * dirty, the regions registered again; -EFAULT/-EINVAL when a region is
+ * not mapped or not the same kind any more (session.c). */
+int uw_session_check_replaced(struct uffdwp_snapshot *s);
 void uw_session_hold(struct uffdwp_snapshot *s);
 void uw_session_release(struct uffdwp_snapshot *s);
 int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,

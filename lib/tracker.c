@@ -9,7 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include <sys/mman.h>
+
+#include "snapshot.h"
 
 static const char *const names[UFFDWP_BACKEND_COUNT] = {
 	[UFFDWP_BACKEND_AUTO] = "auto",
@@ -42,20 +44,22 @@ int uffdwp_backend_from_name(const char *name)
 int uffdwp_backend_available(enum uffdwp_backend b)
 {
 	struct uffdwp_features f;
+	/* A probe that ran out of descriptors or memory cannot say a
+	 * backend is missing: that error, not -EOPNOTSUPP. */
+	int no = uw_probe(&f) ?: -EOPNOTSUPP;
 
-	uffdwp_probe(&f);
 	switch (b) {
 	case UFFDWP_BACKEND_AUTO:
 		return 0;
 	case UFFDWP_BACKEND_RING:
 		/* Overflow recovery needs PAGEMAP_SCAN. */
-		return f.wp_ring && f.pagemap_scan ? 0 : -EOPNOTSUPP;
+		return f.wp_ring && f.pagemap_scan ? 0 : no;
 	case UFFDWP_BACKEND_PAGEMAP_SCAN:
-		return f.wp_async && f.pagemap_scan ? 0 : -EOPNOTSUPP;
+		return f.wp_async && f.pagemap_scan ? 0 : no;
 	case UFFDWP_BACKEND_SOFT_DIRTY:
 		if (uw_soft_dirty_in_use())
 			return -EBUSY;
-		return f.soft_dirty ? 0 : -EOPNOTSUPP;
+		return f.soft_dirty ? 0 : no;
 	case UFFDWP_BACKEND_MPROTECT:
 		return 0;
 	default:
@@ -175,6 +179,41 @@ int uw_pagemap_pass(struct uffdwp_tracker *t, bool soft_dirty, bool first)
 	return 0;
 }
 
+static bool foreign(const struct uffdwp_tracker *t)
+{
+	return t->owner != getpid();
+}
+
+/*
+ * In a child of fork(): the userfaultfd is the parent's (an ioctl on it
+ * acts on the parent's memory: an unregister would end the parent's
+ * tracking), and the parent's locks may be held for ever.  Only the
+ * child's copies go: its descriptors, its mappings, and (mprotect and
+ * soft-dirty) its own memory's protections and its copy of the handler's
+ * table.
+ */
+static void tracker_forget(struct uffdwp_tracker *t)
+{
+	if (t->slot >= 0)
+		uw_segv_forget(t);
+	if (t->backend == UFFDWP_BACKEND_SOFT_DIRTY && t->registered)
+		uw_soft_dirty_release();
+	if (t->ring)
+		munmap(t->ring, t->ring_len);
+	if (t->uffd >= 0)
+		close(t->uffd);
+	/* (munmap() rounds the length up to pages: the backends' two
+	 * sizes of VEC free alike) */
+	uw_free(t->vec, t->vec_len * sizeof(*t->vec));
+	t->vec = NULL;
+	uw_free(t->faulted, t->words * 8);
+	uw_pagemap_close(t);
+	uw_free(t->pending, t->words * 8);
+	uw_regions_fini(&t->rs);
+	uw_free(t, (sizeof(*t) + uw_page_size() - 1) / uw_page_size() *
+		   uw_page_size());
+}
+
 static void tracker_destroy(struct uffdwp_tracker *t)
 {
 	if (t->ops)
@@ -192,17 +231,36 @@ int uffdwp_tracker_new(struct uffdwp_tracker **out,
 {
 	size_t psz = uw_page_size();
 	struct uffdwp_tracker *t;
+	bool anon;
 	int err;
 
-	if (!out || (unsigned int)backend >= UFFDWP_BACKEND_COUNT)
+	if (!out || (unsigned int)backend >= UFFDWP_BACKEND_COUNT ||
+	    uw_store_ptr(out, NULL))
 		return -EINVAL;
-	*out = NULL;
+	/* The regions as snapshots check them: mapped (-EFAULT) before
+	 * anything is allocated, then of one kind, readable and writable
+	 * (-EINVAL). */
+	err = uw_regions_mapped(regions, nr);
+	if (err)
+		return err;
 	t = uw_alloc((sizeof(*t) + psz - 1) / psz * psz);
 	if (!t)
 		return -ENOMEM;
 	memset(t, 0, sizeof(*t));
+	t->owner = getpid();
 	t->uffd = t->pagemap_fd = t->slot = -1;
 	err = uw_regions_init(&t->rs, regions, nr);
+	if (err)
+		goto fail;
+	if (backend == UFFDWP_BACKEND_AUTO)
+		backend = uffdwp_backend_choose();	/* no other (see there) */
+	/* Memory another mprotect or soft-dirty tracker holds read-only is
+	 * busy (-EBUSY), not "read-only" (-EINVAL). */
+	if ((backend == UFFDWP_BACKEND_MPROTECT ||
+	     backend == UFFDWP_BACKEND_SOFT_DIRTY) && uw_segv_overlaps(t))
+		err = -EBUSY;
+	if (!err)
+		err = uw_regions_check_maps(&t->rs, &anon);
 	if (err)
 		goto fail;
 	t->words = (t->rs.pages + 63) / 64;
@@ -211,8 +269,6 @@ int uffdwp_tracker_new(struct uffdwp_tracker **out,
 		err = -ENOMEM;
 		goto fail;
 	}
-	if (backend == UFFDWP_BACKEND_AUTO)
-		backend = uffdwp_backend_choose();	/* no other (see there) */
 	err = uffdwp_backend_available(backend);
 	if (err)
 		goto fail;
@@ -246,6 +302,8 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 
 	if (!t || (!pages && max))
 		return -EINVAL;
+	if (foreign(t))
+		return -ECHILD;
 	err = t->ops->gather(t);
 	if (err)
 		return err;
@@ -267,6 +325,8 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 
 void uffdwp_tracker_free(struct uffdwp_tracker *t)
 {
-	if (t)
+	if (t && foreign(t))
+		tracker_forget(t);
+	else if (t)
 		tracker_destroy(t);
 }

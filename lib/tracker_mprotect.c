@@ -45,7 +45,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "snapshot.h"
 
 #define SLOTS 16
 
@@ -246,10 +246,29 @@ static bool overlaps(const struct uffdwp_tracker *a,
 	return false;
 }
 
+bool uw_segv_overlaps(const struct uffdwp_tracker *t)
+{
+	bool hit = false;
+
+	pthread_mutex_lock(&table_lock);
+	for (int i = 0; i < SLOTS && !hit; i++) {
+		struct uffdwp_tracker *o = atomic_load(&table[i]);
+
+		hit = o && overlaps(o, t);
+	}
+	pthread_mutex_unlock(&table_lock);
+	return hit;
+}
+
 int uw_segv_attach(struct uffdwp_tracker *t, bool protect)
 {
 	int err;
 
+	/* The handler runs on the faulting thread's stack and writes its
+	 * thread-local storage: with those read-only the signal could not
+	 * even be delivered, and the process would die. */
+	if (uw_regions_hold_own_thread(&t->rs))
+		return -EDEADLK;
 	t->prot = calloc(t->rs.nr, sizeof(*t->prot));
 	if (!t->prot)
 		return -ENOMEM;
@@ -280,6 +299,20 @@ int uw_segv_attach(struct uffdwp_tracker *t, bool protect)
 	if (!err && protect)
 		err = protect_regions(t, PROT_WRITE);
 	return err;
+}
+
+void uw_segv_forget(struct uffdwp_tracker *t)
+{
+	struct uffdwp_tracker *me = t;
+
+	/* The child's memory only; no lock (a thread of the parent's may
+	 * have held it at the fork) and no wait for handlers (theirs). */
+	if (t->backend == UFFDWP_BACKEND_MPROTECT)
+		protect_regions(t, 0);
+	atomic_compare_exchange_strong(&table[t->slot], &me, NULL);
+	t->slot = -1;
+	free(t->prot);
+	t->prot = NULL;
 }
 
 void uw_segv_detach(struct uffdwp_tracker *t, bool restore)

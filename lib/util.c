@@ -96,3 +96,26 @@ void uw_free(void *p, size_t len)
 	if (p)
 		munmap(p, len);
 }
+
+int uw_copy_in(void *dst, const void *src, size_t len)
+{
+	return uw_read_self(dst, (uintptr_t)src, len) ? -EINVAL : 0;
+}
+
+int uw_store_ptr(void *out, void *val)
+{
+	struct iovec l = { &val, sizeof(val) }, r = { out, sizeof(val) };
+	ssize_t n;
+
+	if (!__atomic_load_n(&readv_broken, __ATOMIC_RELAXED)) {
+		do
+			n = process_vm_writev(getpid(), &l, 1, &r, 1, 0);
+		while (n < 0 && errno == EINTR);
+		if (n == (ssize_t)sizeof(val))
+			return 0;
+		if (n >= 0 || errno == EFAULT || errno == ENOMEM)
+			return -EINVAL;
+	}
+	memcpy(out, &val, sizeof(val));
+	return 0;
+}

@@ -128,7 +128,8 @@ static void t_base_delta(void)
 		 uffdwp_snapshot_read_info(fds[2], &i2, NULL, 0) == 2 &&
 		 pos1 == (off_t)i1.file_len &&
 		 lseek(fds[1], 0, SEEK_END) == (off_t)i1.file_len &&
-		 i1.file_len == i2.file_len + 6 * (uint64_t)psz;
+		 /* each stored page: its bytes and its sum (format 2) */
+		 i1.file_len == i2.file_len + 6 * ((uint64_t)psz + 8);
 	if (!err) {
 		e_img = load_chain(fds, 3, img, 2, &last);
 		img_ok = !e_img && !memcmp(img[0].addr, expect, img[0].len) &&
@@ -924,6 +925,29 @@ static int load_edited(const char *file, size_t len, size_t newlen,
 }
 
 /* load-bad-input / read-info: bad files and bad arguments. */
+
+/* A base of a page that is read-only since, loaded where it was: -EFAULT
+ * (unmapped, the library's own buffers could land there). */
+static int load_unmapped(void)
+{
+	char *q = map(psz);
+	struct uffdwp_region r = { q, psz };
+	struct uffdwp_session *ss = NULL;
+	int fd = new_file(), err;
+
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap(ss, fd, 0, NULL);
+	uffdwp_session_free(ss);
+	mprotect(q, psz, PROT_READ);
+	if (!err) {
+		lseek(fd, 0, SEEK_SET);
+		err = uffdwp_snapshot_load(fd, NULL, 0, NULL, NULL);
+	}
+	close(fd);
+	return err;
+}
+
 static void t_load_bad(void)
 {
 	size_t len = 8 * psz, blen, dlen;
@@ -934,8 +958,8 @@ static void t_load_bad(void)
 	struct uffdwp_snapshot_info ib = { 0 }, id = { 0 }, other;
 	struct uffdwp_session *ss = NULL;
 	int fds[2] = { new_file(), new_file() }, pfd[2] = { -1, -1 };
-	uint32_t bad_version = 2;
-	uint64_t bad_pages = 3, nowhere = 0x1000;
+	uint32_t bad_version = 3;
+	uint64_t bad_pages = 3;
 	int e[16], i = 0, n_info = -1, n_max = -1, e_pipe = 0, err;
 	bool ok;
 
@@ -966,7 +990,7 @@ static void t_load_bad(void)
 	n_info = uffdwp_snapshot_read_info(fds[0], &ib, got, 2);
 	n_max = uffdwp_snapshot_read_info(fds[1], &id, got + 1, 0);
 	ok = n_info == 1 && n_max == 1 && lseek(fds[0], 0, SEEK_CUR) == 0 &&
-	     got[0].addr == p && got[0].len == len && ib.version == 1 &&
+	     got[0].addr == p && got[0].len == len && ib.version == 2 &&
 	     ib.page_size == (uint32_t)psz && ib.kind == UFFDWP_FILE_BASE &&
 	     ib.nregions == 1 && ib.epoch == 0 && ib.pages_total == 8 &&
 	     ib.pages == 8 && ib.file_len == blen &&
@@ -1005,7 +1029,9 @@ static void t_load_bad(void)
 	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, two, 2);
 	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, NULL, 1);
 	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, &dst, 0);
-	e[i++] = load_edited(base, blen, blen, 64, &nowhere, 8, NULL, NULL, 0);
+	/* (format 2: an edited address fails the prefix's checksum; a
+	 * region unmapped since is the way to an unmapped destination) */
+	e[i++] = load_unmapped();
 	/* And the good ones still load. */
 	e[i++] = load_edited(base, blen, blen, 0, NULL, 0, NULL, &dst, 1);
 	e[i++] = load_edited(delta, dlen, dlen, 0, NULL, 0, &ib, &dst, 1);
