@@ -73,6 +73,8 @@ install: lib
 	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3
 	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/*.3 $(DESTDIR)$(PREFIX)/share/man/man3/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man7
+	install -m 644 man/*.7 $(DESTDIR)$(PREFIX)/share/man/man7/
 
 $(HOST_OUT)/tests/%: tests/%.c $(HOST_LIB_A) $(HOST_TEST_LIB) $(HOST_HDRS) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)

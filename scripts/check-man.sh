@@ -7,7 +7,7 @@ out=$1
 need_cmd mandoc mandoc
 results=()
 pages=()
-for p in "$TOP"/man/*.[13]; do
+for p in "$TOP"/man/*.[137]; do
 	grep -q '^\.so ' "$p" || pages+=("$p")
 done
 for p in "${pages[@]}"; do
@@ -17,7 +17,7 @@ for p in "${pages[@]}"; do
 		results+=("not ok man/lint-$name # $(head -n 1 <<<"$report")")
 done
 bad=
-for p in "$TOP"/man/*.[13]; do
+for p in "$TOP"/man/*.[137]; do
 	target=$(sed -n 's/^\.so man[0-9]\/\(.*\)$/\1/p' "$p")
 	[ -z "$target" ] || [ -f "$TOP/man/$target" ] || bad="$bad $(basename "$p")->$target"
 done

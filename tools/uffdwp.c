@@ -37,6 +37,12 @@
 #include "uffdwp.h"
 #include "workload.h"
 
+#define USAGE_INFO "usage: uffdwp info\n"
+#define USAGE_DEMO \
+	"usage: uffdwp demo [--size-mib N] [--threads N] [--out FILE] [--cap-mib N]\n" \
+	"                   [--write-s N]\n"
+#define USAGE_RESTORE "usage: uffdwp restore --out IMAGE BASE [DELTA...]\n"
+
 static int usage(const char *fmt, const char *arg)
 {
 	if (fmt) {
@@ -44,12 +50,42 @@ static int usage(const char *fmt, const char *arg)
 		fprintf(stderr, fmt, arg);
 		fprintf(stderr, "\n");
 	}
-	fprintf(stderr,
-		"usage: uffdwp info\n"
-		"       uffdwp demo [--size-mib N] [--threads N] [--out FILE] [--cap-mib N]\n"
-		"                   [--write-s N]\n"
-		"       uffdwp restore --out IMAGE BASE [DELTA...]\n");
+	/* the three usages, "usage: " written once */
+	fprintf(stderr, "%s       %s       %s       uffdwp --version | --help | COMMAND --help\n",
+		USAGE_INFO, USAGE_DEMO + 7, USAGE_RESTORE + 7);
 	return 2;
+}
+
+/* COMMAND --help: its usage and what it does, on stdout. */
+static int help(const char *cmd)
+{
+	if (!strcmp(cmd, "info"))
+		printf(USAGE_INFO
+		       "Print the kernel's userfaultfd features, the tracker backends\n"
+		       "available here and the one AUTO would choose.\n");
+	else if (!strcmp(cmd, "demo"))
+		printf(USAGE_DEMO
+		       "Snapshot an arena of versioned records while writer threads update\n"
+		       "it, then check the file record by record against the snapshot\n"
+		       "instant.  --size-mib: arena size (64); --threads: writers (2);\n"
+		       "--out: snapshot file (/tmp/uffdwp-demo.snap); --cap-mib: side\n"
+		       "buffer cap (16); --write-s: stop writers this long after the\n"
+		       "instant (20, 0 never).  Exit 0 only if verified, 2 on bad\n"
+		       "arguments.\n");
+	else
+		printf(USAGE_RESTORE
+		       "Rebuild a memory image (the regions one after the other, in\n"
+		       "address order) from a session's base and its deltas, in epoch\n"
+		       "order.  Every file's checksums are verified (format 2).\n");
+	return 0;
+}
+
+static bool wants_help(int argc, char **argv)
+{
+	for (int i = 2; i < argc; i++)
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+			return true;
+	return false;
 }
 
 static const char *yes(bool b)
@@ -296,7 +332,7 @@ static const char *load_error(int err)
 {
 	switch (err) {
 	case -EBADMSG:
-		return "not a uffdwp snapshot file, or truncated";
+		return "not a uffdwp snapshot file, truncated, or a checksum does not match (the file was changed)";
 	case -EPROTONOSUPPORT:
 		return "snapshot format version (or byte order) this build cannot read";
 	case -ESTALE:
@@ -306,6 +342,29 @@ static const char *load_error(int err)
 	default:
 		return strerror(-err);
 	}
+}
+
+/* After an error: the regions FILE records, next to those of BASE (whose
+ * lengths are in DST; their addresses are the image's by now). */
+static void print_ranges(const char *file, const struct uffdwp_region *dst,
+			 int n, const char *base)
+{
+	struct uffdwp_snapshot_info info;
+	struct uffdwp_region r[8];
+	int fd = open(file, O_RDONLY | O_CLOEXEC);
+	int got = fd < 0 ? -errno : uffdwp_snapshot_read_info(fd, &info, r, 8);
+
+	if (fd >= 0)
+		close(fd);
+	for (int k = 0; k < got && k < 8; k++)
+		fprintf(stderr, "uffdwp restore: %s: region %d: %p-%p (%zu bytes)%s\n",
+			file, k, r[k].addr, (char *)r[k].addr + r[k].len,
+			r[k].len, k < n && dst[k].len != r[k].len ?
+			" (length differs from the base's)" : "");
+	for (int k = 0; k < n && k < 8 && strcmp(file, base); k++)
+		fprintf(stderr, "uffdwp restore: %s: region %d: %zu bytes at image offset %zu\n",
+			base, k, dst[k].len,
+			(size_t)((char *)dst[k].addr - (char *)dst[0].addr));
 }
 
 static int cmd_restore(int argc, char **argv)
@@ -362,6 +421,7 @@ static int cmd_restore(int argc, char **argv)
 		if (err) {
 			fprintf(stderr, "uffdwp restore: %s: %s\n", argv[f],
 				load_error(err));
+			print_ranges(argv[f], dst, n, argv[i]);
 			goto done;
 		}
 		printf("%s: %s, epoch %llu, %llu of %llu pages\n", argv[f],
@@ -395,6 +455,17 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc < 2)
 		return usage("missing command%s", "");
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+		int major = 0, minor = 0;
+
+		uffdwp_version(&major, &minor);
+		printf("uffdwp %d.%d (libuffdwp %d.%d loaded; snapshot file format 2)\n",
+		       UFFDWP_VERSION_MAJOR, UFFDWP_VERSION_MINOR, major, minor);
+		return 0;
+	}
+	if ((!strcmp(argv[1], "info") || !strcmp(argv[1], "demo") ||
+	     !strcmp(argv[1], "restore")) && wants_help(argc, argv))
+		return help(argv[1]);
 	if (!strcmp(argv[1], "info")) {
 		if (argc > 2)
 			return usage("info takes no arguments (got '%s')", argv[2]);
