@@ -16,6 +16,17 @@
  *     memory being snapshotted or tracked: that is the point.
  *   - Memory the library writes (buffers, bitmaps, its objects) is mmap()ed
  *     before any region is protected, so it never lies inside a region.
+ *   - Pointers: NULL is -EINVAL wherever a pointer is required.  The
+ *     region arrays, option structs and output pointers of the functions
+ *     that create objects are reached without a fault, so an unreadable
+ *     (unwritable) one is -EINVAL too.  A handle must be one the library
+ *     returned and not yet freed; any other non-NULL handle, and buffers
+ *     the library writes into (PAGES, BUF, REGIONS out), are undefined
+ *     behaviour, as in any C library.
+ *   - Async-signal-safe: uffdwp_version(), uffdwp_version_at_least(),
+ *     uffdwp_backend_name(), uffdwp_backend_from_name(),
+ *     uffdwp_tracker_backend(), uffdwp_session_dirty(); nothing else
+ *     (libuffdwp(7)).
  *
  * See docs/libuffdwp.md for the design and the choices (THP, unpopulated
  * memory, fork, kernel-mode accesses).
@@ -120,7 +131,9 @@ struct uffdwp_features {
  * Returns 0 (even when userfaultfd is unavailable: every flag is then
  * false) or -EINVAL if F is NULL.
  * Thread safety: any thread, any time; the result is cached after the
- * first call (uffdwp_probe_fresh() probes again).
+ * first call (uffdwp_probe_fresh() probes again), unless a step failed
+ * for want of descriptors or memory (EMFILE, ENFILE, ENOMEM): such a
+ * result is returned but not cached.
  */
 int uffdwp_probe(struct uffdwp_features *f);
 int uffdwp_probe_fresh(struct uffdwp_features *f);
@@ -258,7 +271,9 @@ struct uffdwp_snapshot;
  * mapped until the snapshot is done.  Regions may be given in any order.
  * They are checked before anything is allocated.  One unmapped or made
  * inaccessible while the snapshot runs fails it with -EFAULT (the library
- * reads them with process_vm_readv(2): no signal).
+ * reads them with process_vm_readv(2): no signal).  They may include the
+ * calling thread's stack or memory its libc writes: the protect phase
+ * runs on a thread of the library's own.
  *
  * After fork() the child's copy of the handle is inert: in the child,
  * uffdwp_snapshot_free() releases only the child's copies of the library's
@@ -273,7 +288,9 @@ struct uffdwp_snapshot;
  *   -EBADF    SINK_FD is not an open descriptor;
  *   -EOPNOTSUPP  no sync WP on anonymous memory (UFFD_FEATURE_PAGEFAULT_FLAG_WP);
  *   -EBUSY    a region is registered with another userfaultfd;
- *   -ENOMEM   out of memory;
+ *   -ENOMEM   out of memory, or no thread could be created
+ *             (pthread_create(3)'s EAGAIN);
+ *   -EMFILE, -ENFILE  out of descriptors;
  *   other     from uffdwp_open(), memfd_create(2) or the kernel.
  * Thread safety: any thread; several snapshots of disjoint regions may run
  * at once.
@@ -336,11 +353,20 @@ void uffdwp_snapshot_free(struct uffdwp_snapshot *s);
  * (stats.user_mode_only), system calls that write into the regions fail
  * with EFAULT for as long as the session lives, not only during a copy.
  *
- * Snapshots are written in the uffdwp snapshot file format (version 1,
+ * Snapshots are written in the uffdwp snapshot file format (version 2,
  * in the writer's byte order, described in docs/libuffdwp.md): a 64-byte
- * header, the regions, a bitmap of the pages stored, padding to a page,
- * then the stored pages in address order.  uffdwp_snapshot_load() applies
- * a base and its deltas in epoch order.
+ * header, the regions, a bitmap of the pages stored and a checksum of
+ * all that, padding to a page, the stored pages in address order, then a
+ * checksum per page and one of those.  uffdwp_snapshot_load() applies a
+ * base and its deltas in epoch order and verifies every checksum
+ * (version 1 files, without checksums, are still read).
+ *
+ * Memory replaced under a session between snapshots (mmap(MAP_FIXED),
+ * munmap() and mmap() again, mremap() away and back) is found at the
+ * next instant (its pages are neither written nor write-protected) and
+ * stored by that delta as written; a region no longer mapped makes every
+ * later snapshot fail with -EFAULT, one of another kind or protection
+ * with -EINVAL.
  */
 struct uffdwp_session;
 
@@ -376,7 +402,9 @@ int uffdwp_session_new(struct uffdwp_session **out,
  * The library writes to its own duplicate of FD, closed when the copy is
  * done.
  * Returns 0 or:
- *   -EINVAL   NULL SS, FD < 0, unknown flag;
+ *   -EINVAL   NULL SS, FD < 0, unknown flag; a region's memory is of
+ *             another kind or protection than at the session's start;
+ *   -EFAULT   part of a region is no longer mapped;
  *   -EBADF    FD is not open;
  *   -EBUSY    the previous snapshot has not finished (wait for it);
  *   -ENOMEM, or what the kernel returned (the session then stays usable
@@ -485,7 +513,8 @@ struct uffdwp_snapshot_info {
  * of its regions (their recorded addresses and lengths) into REGIONS,
  * which may be NULL when MAX is 0.  Returns the number of regions in the
  * file (more than MAX when they did not all fit) or -EINVAL (NULL INFO),
- * -EBADMSG (not a uffdwp snapshot, truncated or inconsistent header),
+ * -EBADMSG (not a uffdwp snapshot, truncated or inconsistent header, or
+ * (version 2) the checksum of the header, regions and bitmap differs),
  * -EPROTONOSUPPORT (a format version this library cannot read, or the
  * other byte order), -ESPIPE (FD cannot be read at an offset), or the
  * -errno of pread(2).
@@ -506,11 +535,15 @@ int uffdwp_snapshot_read_info(int fd, struct uffdwp_snapshot_info *info,
  * Returns 0 or:
  *   -EINVAL   bad arguments, or DST's count or a length differs from the
  *             file's regions;
- *   -EBADMSG  not a uffdwp snapshot, truncated or inconsistent;
+ *   -EBADMSG  not a uffdwp snapshot, truncated or inconsistent, or
+ *             (version 2) a checksum differs: a byte of the file was
+ *             changed (found after the pages were read: memory may
+ *             hold them);
  *   -EPROTONOSUPPORT  format version or byte order not readable here;
  *   -ESTALE   a delta without PREV, of another session, or not next after
  *             PREV;
- *   -EFAULT   a destination page is not mapped writable;
+ *   -EFAULT   a destination page is not mapped writable (or, at recorded
+ *             addresses, lies where the loader's own buffers are);
  *   -ENOMEM, or the -errno of read(2).
  * Memory may have been partly written when an error comes after the
  * header.  Thread safety: any thread.
@@ -579,9 +612,14 @@ struct uffdwp_tracker;
  * soft-dirty backends.
  *
  * Returns 0 or:
- *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND; (soft-dirty,
- *             mprotect) a region not writable or whose pages have
- *             different protections;
+ *   -EINVAL   bad arguments (as for snapshots) or bad BACKEND; a region
+ *             PROT_NONE, read-only or of mixed kinds (every backend, as
+ *             for snapshots); (soft-dirty, mprotect) a region whose pages
+ *             have different protections;
+ *   -EFAULT   part of a region is not mapped;
+ *   -EDEADLK  (soft-dirty, mprotect) a region holds the calling thread's
+ *             stack or thread-local storage, which their SIGSEGV handler
+ *             needs writable;
  *   -EOPNOTSUPP  the backend (for AUTO: every backend) is unavailable on
  *             this kernel;
  *   -EBUSY    a soft-dirty tracker exists already / region registered;
@@ -608,8 +646,9 @@ enum uffdwp_backend uffdwp_tracker_backend(const struct uffdwp_tracker *t);
  * are reported once per collect even if written many times.  Read the
  * pages' contents after the call: a write that lands during the call is
  * then either in what you read or reported by the next call.
- * Returns the count or -EINVAL (NULL T, NULL PAGES with MAX > 0), or an
- * error from the kernel.
+ * Returns the count or -EINVAL (NULL T, NULL PAGES with MAX > 0),
+ * -ECHILD (in a child of fork(): the copy is inert, and its free
+ * releases only the child's copies), or an error from the kernel.
  * Thread safety: one collector at a time per tracker; writers may run.
  */
 ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
