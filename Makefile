@@ -5,23 +5,33 @@ LANES ?= x86_64 riscv64 x86_64-debug
 # Every lane that carries the series: make check-all (docs/lanes.md: why
 # arm64 and ppc64le are not in the default set).
 ALL_LANES ?= x86_64 riscv64 x86_64-debug arm64 ppc64le
+# The clients step (docs/clients.md): Debian's QEMU in these lanes' guests.
+CLIENT_LANES ?= x86_64
+ALL_CLIENT_LANES ?= x86_64
 LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
 
-.PHONY: all check check-all check-repeat check-fresh deb demo bench bench-sweep soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
+.PHONY: all check check-all clients check-repeat check-fresh deb demo bench bench-sweep soak run prog mutation-check build-each-patch kernel kernel-tree export-patches help clean
 
 all: check
 
 ## check: install what is missing, check the series, build/boot/test LANES
 check:
-	@scripts/check.sh $(LANES)
+	@CLIENT_LANES="$(CLIENT_LANES)" CLIENTS_REPS=1 scripts/check.sh $(LANES)
 
 ## check-all: make check on ALL_LANES (adds arm64 and ppc64le: two more
 ##       kernels and their guest time; the debug lane runs its full plan,
 ##       not make check's reliability subset; docs/lanes.md)
 check-all:
-	@DEBUG_FULL=1 scripts/check.sh $(ALL_LANES)
+	@DEBUG_FULL=1 CLIENT_LANES="$(ALL_CLIENT_LANES)" scripts/check.sh $(ALL_LANES)
+
+## clients: the clients step alone in CLIENT_LANES (QEMU's background
+##       snapshot of a nested VM against stop-and-copy and savevm, 3 times;
+##       build/results/LANE-clients.{tap,csv,txt}; docs/clients.md)
+clients:
+	@scripts/deps.sh $(CLIENT_LANES)
+	@rc=0; for l in $(CLIENT_LANES); do scripts/lane.sh clients $$l || rc=1; done; exit $$rc
 
 ## check-repeat: run LANES' check plans N times (default 5) in fresh boots and
 ##       report per test how many runs failed (build/results/repeat/)

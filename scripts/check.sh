@@ -33,6 +33,19 @@ for lane in "$@"; do
 	fi
 	taps+=("$results/$lane.tap")
 done
+# The clients step (docs/clients.md): Debian's QEMU and its background
+# snapshot in the guests of CLIENT_LANES that are among the lanes checked
+# (make check: x86_64 with one repetition; make check-all: three).
+for lane in ${CLIENT_LANES:-}; do
+	[[ " $* " == *" $lane "* ]] || continue
+	rm -f "$results/$lane-clients".{tap,console,csv,txt}
+	step "clients $lane"
+	if ! "$TOP/scripts/lane.sh" clients "$lane" && [ ! -s "$results/$lane-clients.tap" ]; then
+		printf 'TAP version 13\n1..1\nnot ok 1 clients/run # the clients step of lane %s did not get to boot (see above)\n' \
+			"$lane" >"$results/$lane-clients.tap"
+	fi
+	taps+=("$results/$lane-clients.tap")
+done
 # The mutation lane (x86_64 without uffd-wp) must fail the suites; run when
 # x86_64 is checked and its kernel is built already (make mutation-check
 # builds it), so a new machine's first check does not pay for a fourth

@@ -7,8 +7,9 @@
 # lane.sh demo LANE [ARGS]      boot LANE and run `uffdwp demo ARGS`, console on screen
 # lane.sh clients LANE          the clients step (docs/clients.md): Debian's
 #                               QEMU packed in (scripts/pack-qemu.sh), the
-#                               lane's CLIENTS_PLAN (default clients) run;
-#                               build/results/LANE-clients.{tap,console,csv}
+#                               lane's CLIENTS_PLAN (default clients) run
+#                               (CLIENTS_REPS: repetitions instead of 3);
+#                               build/results/LANE-clients.{tap,console,csv,txt}
 . "$(dirname "$0")/lib.sh"
 mode=$1 lane=$2
 shift 2
@@ -61,6 +62,9 @@ check | clients)
 		'/^[[:space:]]*(#|$)/ { print; next }
 		 only != "" && $1 !~ only { next }
 		 { $3 = int($3 * k); print }' >"$plan"
+	# CLIENTS_REPS: the clients step's repetitions (make check runs one).
+	[ "$mode" != clients ] || [ -z "${CLIENTS_REPS:-}" ] ||
+		sed -i "s/--reps [0-9]*/--reps $CLIENTS_REPS/" "$plan"
 	grep -qv '^[[:space:]]*\(#\|$\)' "$plan" || die "lane $lane: PLAN_ONLY '${PLAN_ONLY:-}' leaves no entry of $PLAN"
 	initrd=$guest/$mode.cpio
 	INITRAMFS_TREE=$tree "$TOP/scripts/initramfs.sh" "$guest" "$plan" "$initrd"

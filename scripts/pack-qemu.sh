@@ -57,7 +57,7 @@ find_in_root() {
 			/*) p=$t ;;
 			*) p=$(dirname "$p")/$t ;;
 			esac
-			p=$(realpath -m "$p")
+			p=$(realpath -m -s "$p")
 			continue
 		fi
 		[ -e "$root$p" ] && { echo "$root$p"; return 0; }
