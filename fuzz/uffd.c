@@ -1088,7 +1088,10 @@ static void op_ring(void)
 	p = __atomic_load_n(&s->ring->producer, __ATOMIC_ACQUIRE);
 	c = s->ring->consumer;
 	rr.consumer = p;
-	if (s->ring->flags & UFFD_RING_OVERFLOW)
+	/* the overflow count before the flag: it is published after it */
+	rr.overflows = __atomic_load_n(&s->ring->overflows, __ATOMIC_ACQUIRE);
+	if (__atomic_load_n(&s->ring->flags, __ATOMIC_ACQUIRE) &
+	    UFFD_RING_OVERFLOW)
 		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
 	switch (rnd(7)) {
 	case 0: rr.consumer = p + 1 + rnd(1000); bad = true; break;

@@ -78,10 +78,14 @@ static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 {
 	const struct uffd_ring_header *h = s->ring;
 	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
+	/* The overflow count before the flag (the kernel publishes it
+	 * after): the clear below then covers only the overflow seen here. */
+	uint64_t overflows = __atomic_load_n(&h->overflows, __ATOMIC_ACQUIRE);
 	bool overflow = (__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
 			 UFFD_RING_OVERFLOW) ||
 			prod - s->ring_consumer > h->entries;
-	struct uffdio_ring_reset rr = { .consumer = prod };
+	struct uffdio_ring_reset rr = { .consumer = prod,
+					.overflows = overflows };
 	struct page_region vec[SCAN_VEC];
 	struct scan_mark m = { s, map };
 	int err;
@@ -98,6 +102,11 @@ static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 		rr.flags = UFFDIO_RING_RESET_DISCARD |
 			   UFFDIO_RING_RESET_CLEAR_OVERFLOW;
 	err = uw_snap_ioctl(s, UFFDIO_RING_RESET, &rr);
+	/* -ESTALE: another overflow began after the look; the entries were
+	 * dropped all the same and its flag stays set, so the next harvest
+	 * scans again.  This one scans below. */
+	if (err == -ESTALE)
+		err = 0;
 	if (err)
 		return err;
 	s->ring_consumer = prod;
@@ -170,13 +179,20 @@ static int start_tracking(struct uffdwp_snapshot *s)
 	err = set_async(s, true);
 	if (!err) {
 		s->async_mode = true;
+		/* Whatever overflow is flagged: every page is protected
+		 * below.  One that begins after this look keeps its flag
+		 * (-ESTALE), and the first harvest scans for it. */
 		rr = (struct uffdio_ring_reset){
+			.overflows = __atomic_load_n(&h->overflows,
+						     __ATOMIC_ACQUIRE),
 			.consumer = __atomic_load_n(&h->producer,
 						    __ATOMIC_ACQUIRE),
 			.flags = UFFDIO_RING_RESET_DISCARD |
 				 UFFDIO_RING_RESET_CLEAR_OVERFLOW,
 		};
 		err = uw_snap_ioctl(s, UFFDIO_RING_RESET, &rr);
+		if (err == -ESTALE)
+			err = 0;
 		if (!err)
 			s->ring_consumer = rr.consumer;
 	}

@@ -76,12 +76,16 @@ static int ring_gather(struct uffdwp_tracker *t)
 {
 	struct uffd_ring_header *h = t->ring;
 	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
+	/* The overflow count before the flag (the kernel publishes it
+	 * after): a clear then covers only the overflow seen here. */
+	uint64_t overflows = __atomic_load_n(&h->overflows, __ATOMIC_ACQUIRE);
 	bool overflow = __atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
 			UFFD_RING_OVERFLOW;
 	/* More than the ring holds: the entries are no help (the kernel's
 	 * overflow flag prevents this; the library must not trust it). */
 	bool lapped = prod - t->ring_consumer > h->entries;
-	struct uffdio_ring_reset rr = { .consumer = prod };
+	struct uffdio_ring_reset rr = { .consumer = prod,
+					.overflows = overflows };
 	bool discarded = false;
 	int err;
 
@@ -96,6 +100,11 @@ static int ring_gather(struct uffdwp_tracker *t)
 		rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW |
 			   UFFDIO_RING_RESET_DISCARD;
 		err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
+		/* -ESTALE: an overflow began after the look (the entries
+		 * were dropped all the same); its flag stays set, so the
+		 * next collect scans again.  This one scans below. */
+		if (err == -ESTALE)
+			err = 0;
 		if (err && err != -EINVAL)
 			return err;
 		/* -EINVAL: a kernel without the flag; reset as below */
@@ -109,9 +118,10 @@ static int ring_gather(struct uffdwp_tracker *t)
 			uw_ring_mark(t->ring, t->ring_consumer, prod, &t->rs,
 				     t->pending);
 		rr.flags = overflow ? UFFDIO_RING_RESET_CLEAR_OVERFLOW : 0;
-		/* Read the logged pages only after this. */
+		/* Read the logged pages only after this.  -ESTALE as above:
+		 * the entries were handled, the new overflow stays flagged. */
 		err = uw_ioctl(t->uffd, UFFDIO_RING_RESET, &rr);
-		if (err)
+		if (err && err != -ESTALE)
 			return err;
 	}
 	t->ring_consumer = prod;

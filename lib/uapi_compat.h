@@ -74,11 +74,12 @@ struct uffdio_ring_setup {
 };
 struct uffd_ring_header {
 	__u64 producer;
-	__u64 __reserved[7];
+	__u64 __reserved[15];
 	__u64 consumer;
 	__u64 entries;
 	__u64 flags;
 	__u64 entry_offset;
+	__u64 overflows;
 };
 #define UFFD_RING_OVERFLOW	(1ULL << 0)
 #define UFFD_RING_ENTRY_HUGE	(1ULL << 0)
@@ -86,6 +87,7 @@ struct uffdio_ring_reset {
 	__u64 consumer;
 	__u64 flags;
 	__u64 reprotected;
+	__u64 overflows;
 };
 #define UFFDIO_RING_RESET_CLEAR_OVERFLOW (1ULL << 0)
 #define UFFDIO_RING_SETUP _IOWR(UFFDIO, _UFFDIO_RING_SETUP, struct uffdio_ring_setup)

@@ -23,8 +23,14 @@
  *    VM_UFFD_WP; the uffd-wp pte bits must go with it (as UNREGISTER clears
  *    them), or a later write leaves a writable pte that pagemap still calls
  *    write-protected.
+ *  - Registering a WP range again for MISSING only, with writers blocked in
+ *    WP faults: they run on (kernel/patches: "userfaultfd: drop uffd-wp bits
+ *    when a range is registered again without WP").
  *  - The write-log ring (only when UFFDIO_API reports UFFD_FEATURE_WP_RING):
- *    harvesting while writers write and the uffd is closed under them.
+ *    harvesting while writers write and the uffd is closed under them; a
+ *    ring context freed while its mm exits and a hole punch walks the
+ *    mm's mappings of the file (a use-after-free is a KASAN report in the
+ *    debug lane's console).
  *
  * Each case repeats its race a bounded number of times; a global watchdog
  * turns a hang into a failure.
@@ -42,6 +48,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <linux/falloc.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -329,6 +338,40 @@ static bool unregister_wp_only(char *why)
 				ok = fail(why, "iteration %d: %d of %d writers "
 					  "still blocked after UNREGISTER of "
 					  "their WP-only range", it,
+					  NW - done_count(b.w, NW), NW);
+			else
+				ok = writes_visible(&b, why);
+		}
+		unblock_and_free(&b);
+		if (!ok)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Writers blocked in WP faults run on once their range is registered again
+ * without WP (MISSING only): the range keeps its context but loses
+ * VM_UFFD_WP and its uffd-wp bits, so UFFDIO_WRITEPROTECT can no longer
+ * resolve them and only a wakeup can (issue 34, item 7).
+ */
+static bool reregister_wakes_wp(char *why)
+{
+	for (int it = 0; it < ITERS; it++) {
+		struct blocked b = { .uffd = -1 };
+		bool ok = block_writers(&b, UFFDIO_REGISTER_MODE_WP, it, why);
+		int err;
+
+		if (ok) {
+			err = uffd_register(b.uffd, b.mem, NW * psz,
+					    UFFDIO_REGISTER_MODE_MISSING, NULL);
+			if (err)
+				ok = fail(why, "re-register: %s", strerror(-err));
+			else if (!wait_all(b.w, NW, WAIT_MS))
+				ok = fail(why, "iteration %d: %d of %d writers "
+					  "still blocked after their WP range "
+					  "was registered again for MISSING "
+					  "only", it,
 					  NW - done_count(b.w, NW), NW);
 			else
 				ok = writes_visible(&b, why);
@@ -673,7 +716,11 @@ static bool ring_vs_close(char *why)
 					    (unsigned long long)p,
 					    (unsigned long long)h->consumer);
 			rr.consumer = p;
-			if (h->flags & UFFD_RING_OVERFLOW)
+			/* the count before the flag (it is published after) */
+			rr.overflows = __atomic_load_n(&h->overflows,
+						       __ATOMIC_ACQUIRE);
+			if (__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
+			    UFFD_RING_OVERFLOW)
 				rr.flags = UFFDIO_RING_RESET_CLEAR_OVERFLOW;
 			if (ioctl(uffd, UFFDIO_RING_RESET, &rr))
 				return fail(why, "RING_RESET to %llu: %s",
@@ -696,6 +743,113 @@ static bool ring_vs_close(char *why)
 	return true;
 }
 
+/*
+ * Issue 34, item 6: a truncation walks the file's mappings (i_mmap) without
+ * the mmap lock of the processes it zaps, and logs the protected pages it
+ * takes away in the ring of each mapping's context.  A process A that
+ * tracks a shared memfd with a ring is killed; while its mm is exiting
+ * (mm_users is zero, its vmas still in i_mmap) a process B that holds the
+ * last reference to the userfaultfd closes it, so the context is freed
+ * without its vmas being cleared; the parent punches holes in the memfd
+ * all the while.  The kernel must not follow the freed context: under
+ * KASAN (the debug lane) a use-after-free is a console report, which fails
+ * the lane; here a hang or a crash fails the case.
+ */
+#define DYING_PAGES	1024
+#define DYING_ITERS	40
+
+static int dying_child(int memfd, int ready_w, int close_r)
+{
+	struct uffdio_ring_setup rs = { .entries = 64 };
+	uint64_t got = 0;
+	char *mem, c = 'r';
+	int uffd, err;
+	pid_t b;
+
+	uffd = uffd_open(UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_RING |
+			 UFFD_FEATURE_WP_HUGETLBFS_SHMEM, &got);
+	if (uffd < 0 || ioctl(uffd, UFFDIO_RING_SETUP, &rs) ||
+	    mmap(NULL, rs.mmap_size, PROT_READ, MAP_SHARED, uffd, 0) ==
+	    MAP_FAILED)
+		return 2;
+	mem = mmap(NULL, DYING_PAGES * psz, PROT_READ | PROT_WRITE,
+		   MAP_SHARED, memfd, 0);
+	if (mem == MAP_FAILED)
+		return 3;
+	memset(mem, 7, DYING_PAGES * psz);
+	err = uffd_register(uffd, mem, DYING_PAGES * psz,
+			    UFFDIO_REGISTER_MODE_WP, NULL);
+	if (!err)
+		err = uffd_wp(uffd, mem, DYING_PAGES * psz,
+			      UFFDIO_WRITEPROTECT_MODE_WP);
+	if (err)
+		return 4;
+	/* B: holds the userfaultfd until told to close it. */
+	b = fork();
+	if (b < 0)
+		return 5;
+	if (b == 0) {
+		if (read(close_r, &c, 1) != 1)
+			_exit(1);
+		close(uffd);
+		_exit(0);
+	}
+	close(uffd);
+	if (write(ready_w, &c, 1) != 1)
+		return 6;
+	for (;;)
+		pause();
+}
+
+static bool ring_dying_mm(char *why)
+{
+	uint64_t got = 0;
+	int fd = uffd_open(UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_RING |
+			   UFFD_FEATURE_WP_HUGETLBFS_SHMEM, &got);
+
+	if (fd < 0)
+		return fail(why, "userfaultfd: %s", strerror(-fd));
+	close(fd);
+	for (int it = 0; it < DYING_ITERS; it++) {
+		int ready[2], closer[2], memfd, st;
+		pid_t a;
+		char c;
+
+		memfd = memfd_create("race-lifetime-dying", 0);
+		if (memfd < 0 || ftruncate(memfd, DYING_PAGES * psz) ||
+		    pipe(ready) || pipe(closer))
+			return fail(why, "setup: %s", strerror(errno));
+		a = fork();
+		if (a < 0)
+			return fail(why, "fork: %s", strerror(errno));
+		if (a == 0)
+			_exit(dying_child(memfd, ready[1], closer[0]));
+		close(ready[1]);
+		close(closer[0]);
+		if (read(ready[0], &c, 1) != 1) {
+			waitpid(a, &st, 0);
+			return fail(why, "iteration %d: the tracking child "
+				    "failed to set up (status %#x)", it, st);
+		}
+		/* A's mm starts exiting; then B drops the last reference. */
+		kill(a, SIGKILL);
+		if (write(closer[1], &c, 1) != 1)
+			return fail(why, "pipe: %s", strerror(errno));
+		for (int k = 0; k < 64; k++) {
+			off_t at = (off_t)((k * 37) % DYING_PAGES) * psz;
+
+			fallocate(memfd, FALLOC_FL_PUNCH_HOLE |
+				  FALLOC_FL_KEEP_SIZE, at, 16 * psz);
+		}
+		waitpid(a, &st, 0);
+		/* B was A's child: reparented; it exits once it closed. */
+		close(ready[0]);
+		close(closer[1]);
+		close(memfd);
+	}
+	return true;
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static void run(const char *name, bool (*fn)(char *why))
@@ -712,7 +866,7 @@ int main(void)
 
 	psz = page_size();
 	watchdog(240);
-	tap_plan(8);
+	tap_plan(10);
 	fd = uffd_open(0, &got);
 	if (fd < 0)
 		tap_bail("userfaultfd: %s", strerror(-fd));
@@ -721,6 +875,8 @@ int main(void)
 	run("lifetime-unregister-no-fault-pending-after",
 	    unregister_vs_refault);
 	run("lifetime-unregister-wakes-wp-only", unregister_wp_only);
+	run("lifetime-reregister-without-wp-wakes-writers",
+	    reregister_wakes_wp);
 	if (got & UFFD_FEATURE_MINOR_SHMEM)
 		run("lifetime-unregister-wakes-minor", unregister_minor);
 	else
@@ -734,6 +890,12 @@ int main(void)
 		run("lifetime-ring-harvest-vs-writers-vs-close", ring_vs_close);
 	else
 		tap_skip("lifetime-ring-harvest-vs-writers-vs-close",
+			 "kernel does not report UFFD_FEATURE_WP_RING");
+	if (got & UFFD_FEATURE_WP_RING)
+		run("lifetime-ring-context-freed-while-mm-exits",
+		    ring_dying_mm);
+	else
+		tap_skip("lifetime-ring-context-freed-while-mm-exits",
 			 "kernel does not report UFFD_FEATURE_WP_RING");
 	return tap_done();
 }

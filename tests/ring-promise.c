@@ -21,6 +21,9 @@
  *  5 close-with-ring-mapped-releases: close() of the userfaultfd with the
  *    ring still mapped, after UFFDIO_SET_MODE to sync, must release the
  *    context: a writer of a protected page completes within seconds.
+ *  8 clear-overflow-only-the-one-seen: a reset with CLEAR_OVERFLOW and
+ *    the overflow count read before the ring overflowed must fail with
+ *    ESTALE and leave the flag set; the count rises once per overflow.
  *  9 copy-over-marker: UFFDIO_COPY over a protected (unpopulated, marked)
  *    page.  Without MODE_WP what happens is reported (logging it or
  *    documenting it as the monitor's own change were both allowed: the
@@ -504,6 +507,87 @@ static void case_close_releases(void)
 	say(V_PASS, "the writer completed after close()");
 }
 
+/* ---- 8: a clear covers only the overflow its caller saw ---- */
+
+/*
+ * A consumer looks at the header (no overflow), then the ring overflows,
+ * then the consumer resets with CLEAR_OVERFLOW out of habit: the overflow
+ * it never saw must stay flagged (-ESTALE), or the writes the kernel did
+ * not log would be found by no scan.  The count then goes with the flag,
+ * once per overflow.
+ */
+static void case_clear_stale_overflow(void)
+{
+	size_t npages = 128;
+	struct uring_view r;
+	uint64_t prod, seen;
+	char *p;
+	int err;
+
+	if (open_ring(&r, 64, 0))
+		return;
+	p = map_anon_aligned(npages * psz, psz);
+	if (!p) {
+		say(V_FAIL, "mmap failed");
+		return;
+	}
+	madvise(p, npages * psz, MADV_NOHUGEPAGE);
+	memset(p, 1, npages * psz);
+	if (track(&r, p, npages * psz))
+		return;
+	if (ring_overflowed(&r)) {
+		say(V_FAIL, "overflow flag set before any write");
+		return;
+	}
+	seen = r.overflows_seen;
+	for (size_t i = 0; i < npages; i++)
+		p[i * psz] = 2;
+	prod = ring_producer(&r);
+	err = ring_reset(&r, prod, UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
+	if (err != -ESTALE) {
+		say(V_FAIL, "a clear with the count read before the overflow (%llu) returned %s, not ESTALE",
+		    (unsigned long long)seen, err ? strerror(-err) : "success");
+		return;
+	}
+	if (!ring_overflowed(&r) || ring_consumer(&r) != prod) {
+		say(V_FAIL, "after -ESTALE: overflow flag %s, consumer %llu (want set, %llu)",
+		    ring_overflowed(&r) ? "set" : "CLEAR",
+		    (unsigned long long)ring_consumer(&r),
+		    (unsigned long long)prod);
+		return;
+	}
+	if (r.overflows_seen != seen + 1) {
+		say(V_FAIL, "overflow count %llu after one overflow from %llu",
+		    (unsigned long long)r.overflows_seen,
+		    (unsigned long long)seen);
+		return;
+	}
+	/* The consumer's recovery with the count it has now seen. */
+	err = ring_reset(&r, prod, UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
+	if (err || ring_overflowed(&r)) {
+		say(V_FAIL, "a clear with the count seen: %s, flag %s",
+		    err ? strerror(-err) : "ok",
+		    ring_overflowed(&r) ? "still set" : "clear");
+		return;
+	}
+	if (scan_written_reprotect(p, npages * psz, NULL, NULL) < 0) {
+		say(V_FAIL, "PAGEMAP_SCAN: %s", strerror(errno));
+		return;
+	}
+	for (size_t i = 0; i < npages; i++)
+		p[i * psz] = 3;
+	if (!ring_overflowed(&r) || r.overflows_seen != seen + 2) {
+		say(V_FAIL, "a second overflow: flag %s, count %llu (want set, %llu)",
+		    ring_overflowed(&r) ? "set" : "clear",
+		    (unsigned long long)r.overflows_seen,
+		    (unsigned long long)(seen + 2));
+		return;
+	}
+	say(V_PASS, "a stale clear kept the flag (ESTALE); the count went %llu -> %llu -> %llu",
+	    (unsigned long long)seen, (unsigned long long)(seen + 1),
+	    (unsigned long long)r.overflows_seen);
+}
+
 /* ---- 9: UFFDIO_COPY over a protected marker ---- */
 
 /*
@@ -658,6 +742,7 @@ static const char *removal_round(enum removal how, bool logged_first)
 	if (logged_first && !overflow_ring(&r, filler, 128))
 		return "the ring did not overflow";
 	/* The consumer's recovery: discard, clear, scan everything. */
+	ring_overflowed(&r);
 	err = ring_reset(&r, ring_producer(&r), UFFDIO_RING_RESET_DISCARD |
 			 UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
 	if (err) {
@@ -794,6 +879,7 @@ static void scan_vs_migration(bool huge)
 		/* Unprotect every page (async faults), then the recovery. */
 		for (size_t i = 0; i < mig_n; i++)
 			mig_p[i * mig_unit + 8] = (char)round;
+		ring_overflowed(&r);
 		ring_reset(&r, ring_producer(&r), UFFDIO_RING_RESET_DISCARD |
 			   UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
 		got = scan_written_reprotect(mig_p, len, NULL, NULL);
@@ -842,6 +928,7 @@ int main(void)
 		{ "hugetlbfs-punch-hole-logged", case_hugetlbfs_punch, 30 },
 		{ "close-with-ring-mapped-releases", case_close_releases, 20 },
 		{ "copy-over-marker", case_copy_over_marker, 30 },
+		{ "clear-overflow-only-the-one-seen", case_clear_stale_overflow, 30 },
 		{ "overflow-scan-finds-hugetlb-private-dontneed", case_ovf_hugetlb, 30 },
 		{ "overflow-scan-finds-shmem-punch-hole", case_ovf_shmem, 30 },
 		{ "overflow-scan-finds-hugetlbfs-punch-hole", case_ovf_hugetlbfs, 30 },

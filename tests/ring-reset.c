@@ -150,6 +150,7 @@ static void case_eagain(void)
 	got = uffd_read_msg(r.uffd, &msg, 1000);
 	pthread_join(m.t, NULL);
 	if (got == 1 && msg.event == UFFD_EVENT_REMAP && err == -EAGAIN) {
+		ring_overflowed(&r);	/* the mremap's overflow */
 		err2 = ring_reset(&r, prod, UFFDIO_RING_RESET_CLEAR_OVERFLOW,
 				  &rep);
 		for (int i = 0; i < 8; i++)

@@ -643,6 +643,7 @@ static void case_discard(void)
 		p[i * psz] = 7;
 	prod = ring_producer(&r);
 	reprot = 1;
+	ring_overflowed(&r);	/* the overflow this recovery clears */
 	if (!err)
 		err = ring_reset(&r, prod, UFFDIO_RING_RESET_CLEAR_OVERFLOW |
 				 UFFDIO_RING_RESET_DISCARD, &reprot);

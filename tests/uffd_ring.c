@@ -137,8 +137,11 @@ uint64_t ring_consumer(const struct uring_view *r)
 	return __atomic_load_n(&r->hdr->consumer, __ATOMIC_ACQUIRE);
 }
 
-bool ring_overflowed(const struct uring_view *r)
+bool ring_overflowed(struct uring_view *r)
 {
+	/* The count first: the kernel publishes it after the flag. */
+	r->overflows_seen = __atomic_load_n(&r->hdr->overflows,
+					    __ATOMIC_ACQUIRE);
 	return __atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE) &
 	       UFFD_RING_OVERFLOW;
 }
@@ -153,6 +156,7 @@ int ring_reset(struct uring_view *r, uint64_t consumer, uint64_t flags,
 {
 	struct uffdio_ring_reset reset = {
 		.consumer = consumer, .flags = flags,
+		.overflows = r->overflows_seen,
 	};
 
 	if (ioctl(r->uffd, UFFDIO_RING_RESET, &reset))

@@ -27,11 +27,12 @@ struct uffdio_ring_setup {
 };
 struct uffd_ring_header {
 	__u64 producer;
-	__u64 __reserved[7];
+	__u64 __reserved[15];
 	__u64 consumer;
 	__u64 entries;
 	__u64 flags;
 	__u64 entry_offset;
+	__u64 overflows;
 };
 #define UFFD_RING_OVERFLOW		((__u64)1 << 0)
 #define UFFD_RING_ENTRY_HUGE		((__u64)1 << 0)
@@ -39,6 +40,7 @@ struct uffdio_ring_reset {
 	__u64 consumer;
 	__u64 flags;
 	__u64 reprotected;
+	__u64 overflows;
 };
 #define UFFDIO_RING_RESET_CLEAR_OVERFLOW	((__u64)1 << 0)
 #define UFFDIO_RING_SETUP	_IOWR(UFFDIO, _UFFDIO_RING_SETUP, \
@@ -66,6 +68,9 @@ struct uring_view {
 	const uint64_t *slots;
 	size_t map_size;
 	uint64_t consumer;	/* next entry to read */
+	/* the header's overflow count as ring_overflowed() last read it,
+	 * before the flag: what ring_reset() passes with CLEAR_OVERFLOW */
+	uint64_t overflows_seen;
 };
 
 /* True when this kernel's UFFDIO_API offers the ring. */
@@ -100,13 +105,17 @@ char *ring_tracked(struct uring_view *r, const char *name, uint64_t entries,
 
 /* The producer index, read with acquire semantics. */
 uint64_t ring_producer(const struct uring_view *r);
-bool ring_overflowed(const struct uring_view *r);
+/* Whether the overflow flag is set; records the overflow count read before
+ * it, which ring_reset() passes, so that a clear covers only an overflow
+ * this caller has seen (the kernel says -ESTALE otherwise). */
+bool ring_overflowed(struct uring_view *r);
 /* The consumer index the kernel published (a reset's progress), acquire. */
 uint64_t ring_consumer(const struct uring_view *r);
 /* Entry number I (free running). */
 uint64_t ring_entry(const struct uring_view *r, uint64_t i);
 
-/* UFFDIO_RING_RESET up to CONSUMER; *reprotected if not NULL. 0 or -errno. */
+/* UFFDIO_RING_RESET up to CONSUMER; *reprotected if not NULL. 0 or -errno.
+ * With CLEAR_OVERFLOW it passes the count of the last ring_overflowed(). */
 int ring_reset(struct uring_view *r, uint64_t consumer, uint64_t flags,
 	       uint64_t *reprotected);
 
