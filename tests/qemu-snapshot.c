@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -69,6 +70,8 @@ static const char *image = "/usr/share/uffdwp/records-x86.elf";
 static const char *dir = "/tmp";
 static int mem_mib = 64, reps = 3, boot_s = 600, op_s = 600;
 static bool expect_refusal, do_savevm = true;
+static char last_verify[512];	/* the last @verify answer of a restored VM */
+static unsigned long long nrec;	/* records of the nested VM (its @ready) */
 
 struct lbuf {
 	int fd;
@@ -473,6 +476,7 @@ static bool restore_and_check(const char *tag, const char *const *extra,
 		goto out;
 	}
 	tap_diag("%s: %s", tag, line);
+	snprintf(last_verify, sizeof(last_verify), "%.400s", line);
 	if (strncmp(line, "@verify ok", 10)) {
 		snprintf(why, whysz, "restored RAM mixes instants: %.400s", line);
 		goto out;
@@ -679,6 +683,73 @@ static void emit(const char *variant, const struct figures *f)
 		sample(variant, "vm_pace_pct", f->pace_pct, "%");
 }
 
+/* Payload word I of record G at update S: the nested VM's scheme
+ * (clients/records-x86.c, workload/workload.h). */
+static uint64_t rec_word(uint64_t g, uint64_t s, int i)
+{
+	uint64_t x = (g << 32 | (uint64_t)i) ^ (s * 0x9E3779B97F4A7C15ull);
+
+	x ^= x >> 29;
+	return x * 0xBF58476D1CE4E5B9ull;
+}
+
+/*
+ * Make FILE (a migration stream) a copy that mixes two instants: the first
+ * record found in it gets the content its writer gives it one sweep later,
+ * as a page saved after the VM wrote it would hold.  *G, *S_OLD and *S_NEW
+ * say which and what; 0 or -1 (no record found).
+ */
+static int mix_one_record(const char *file, uint64_t *g, uint64_t *s_old,
+			  uint64_t *s_new)
+{
+	int fd = open(file, O_RDWR);
+	struct stat st;
+	unsigned char *p;
+	int ret = -1;
+
+	if (fd < 0 || fstat(fd, &st) || st.st_size < 256) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return -1;
+	for (off_t off = 0; off + 256 <= st.st_size; off++) {
+		uint64_t b, e, w0, w1, pw;
+		uint32_t writer, idx;
+
+		memcpy(&b, p + off, 8);
+		memcpy(&e, p + off + 248, 8);
+		if (b != e || !b)
+			continue;
+		memcpy(&writer, p + off + 8, 4);
+		memcpy(&idx, p + off + 12, 4);
+		if (writer >= 4)
+			continue;
+		*g = (uint64_t)idx * 4 + writer;
+		memcpy(&w0, p + off + 16, 8);
+		memcpy(&w1, p + off + 24, 8);
+		if (w0 != rec_word(*g, b, 0) || w1 != rec_word(*g, b, 1))
+			continue;
+		pw = (nrec - writer + 3) / 4;	/* the writer's records */
+		*s_old = b;
+		*s_new = b + pw;
+		memcpy(p + off, s_new, 8);
+		memcpy(p + off + 248, s_new, 8);
+		for (int i = 0; i < 29; i++) {
+			uint64_t v = rec_word(*g, *s_new, i);
+
+			memcpy(p + off + 16 + 8 * i, &v, 8);
+		}
+		ret = 0;
+		break;
+	}
+	munmap(p, (size_t)st.st_size);
+	return ret;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: qemu-snapshot [--qemu PATH] [--image PATH] [--mem MIB] "
@@ -717,7 +788,7 @@ int main(int argc, char **argv)
 	if (mem_mib < 16 || reps < 1 || reps > 50)
 		usage();
 	signal(SIGPIPE, SIG_IGN);
-	tap_plan(expect_refusal ? 2 : 2 + reps * 7);
+	tap_plan(expect_refusal ? 2 : 3 + reps * 7);
 	tap_diag("QEMU %s, nested VM %s with %d MiB, %d repetitions", qemu_bin,
 		 image, mem_mib, reps);
 
@@ -737,6 +808,11 @@ int main(int argc, char **argv)
 		tap_bail("the nested VM did not come up within %d s", boot_s);
 	}
 	tap_pass("qemu-boots");
+	{
+		const char *p = strstr(line, "records=");
+
+		nrec = p ? strtoull(p + 8, NULL, 10) : 0;
+	}
 	tap_diag("nested VM up in %.1f s: %s", (now_ms() - t0) / 1000, line);
 
 	/* No rate limit (7.2's default is 128 MiB/s): each variant goes as
@@ -821,6 +897,30 @@ int main(int argc, char **argv)
 				  name, "%s", why);
 		} else {
 			tap_fail(name, "no snapshot to restore");
+		}
+		/* The check can fail: the same file with one record from a
+		 * later instant must be caught, that record named. */
+		if (r == 1) {
+			uint64_t g = 0, so = 0, sn = 0;
+			char uri[400], want[128];
+			const char *ex[] = { "-incoming", uri, NULL };
+			bool found = done && !mix_one_record(file, &g, &so, &sn);
+
+			snprintf(uri, sizeof(uri), "exec:cat %s", file);
+			snprintf(want, sizeof(want), "@verify bad=1 first=%llu want=%llu got=%llu/%llu",
+				 (unsigned long long)g, (unsigned long long)so,
+				 (unsigned long long)sn, (unsigned long long)sn);
+			last_verify[0] = 0;
+			if (found) {
+				tap_diag("mixed copy: record %llu at update %llu replaced by its update %llu",
+					 (unsigned long long)g, (unsigned long long)so,
+					 (unsigned long long)sn);
+				restore_and_check("dst-mixed", ex, why, sizeof(why));
+			}
+			tap_check(found && !strncmp(last_verify, want, strlen(want)),
+				  "mixed-copy-detected",
+				  "%s", !found ? "no record found in the stop-and-copy file" :
+				  last_verify[0] ? last_verify : why);
 		}
 		unlink(file);
 
