@@ -37,6 +37,9 @@
  *    uffd-wp marker must still be found by the overflow recovery (discarding
  *    reset + PAGEMAP_SCAN), whether it happened while the ring was full or
  *    its entry was discarded.
+ *  private-file-cow-dontneed-logged: MADV_DONTNEED of a private file
+ *    mapping's own copy of a page brings back the file's content: an entry
+ *    must name it, and the page's next write after the harvest be logged.
  *  scan-during-migration-keeps-protection(-hugetlb): the recovery's
  *    PAGEMAP_SCAN protecting pages under migration must leave them
  *    protected once the migration is done.
@@ -466,6 +469,75 @@ static void shared_hole(bool huge, enum hole how)
 static void case_shmem_punch(void) { shared_hole(false, HOLE_PUNCH); }
 static void case_shmem_remove(void) { shared_hole(false, HOLE_REMOVE); }
 static void case_hugetlbfs_punch(void) { shared_hole(true, HOLE_PUNCH); }
+
+/* ---- beyond #34: a private file mapping's own copy dropped ---- */
+
+/*
+ * A private mapping of a file (a memfd): the first write to a page makes a
+ * private copy, which the ring logs.  MADV_DONTNEED drops that copy: the
+ * page reads the file's content again, a change no write fault sees.  An
+ * entry must name it, and after the harvest its next write must be logged
+ * (found by the adversarial review of 2026-12-06).
+ */
+static void case_private_cow_dontneed(void)
+{
+	size_t len = 4 * psz;
+	struct uring_view r;
+	uint64_t from;
+	bool logged, wlogged;
+	volatile char sink;
+	char *p;
+	int fd;
+
+	fd = memfd_create("ring-promise-cow", 0);
+	if (fd < 0 || ftruncate(fd, len)) {
+		say(V_FAIL, "memfd: %s", strerror(errno));
+		return;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		say(V_FAIL, "mmap memfd: %s", strerror(errno));
+		return;
+	}
+	memset(p, 0x11, len);
+	munmap(p, len);
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED) {
+		say(V_FAIL, "mmap private: %s", strerror(errno));
+		return;
+	}
+	for (size_t i = 0; i < len; i += psz)
+		sink = p[i];	/* map the file's pages */
+	(void)sink;
+	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM) ||
+	    track(&r, p, len))
+		return;
+	p[psz + 3] = 0x22;	/* the private copy, logged */
+	if (harvest_quiet(&r, p, len)) {
+		say(V_FAIL, "harvest failed");
+		return;
+	}
+	from = ring_producer(&r);
+	if (madvise(p + psz, psz, MADV_DONTNEED)) {
+		say(V_FAIL, "MADV_DONTNEED: %s", strerror(errno));
+		return;
+	}
+	logged = logged_since(&r, from, p + psz);
+	if (p[psz + 3] != 0x11) {
+		say(V_FAIL, "after MADV_DONTNEED the page reads %#x, not the file's 0x11",
+		    p[psz + 3]);
+		return;
+	}
+	harvest_quiet(&r, p, len);
+	from = ring_producer(&r);
+	p[psz + 9] = 0x33;
+	wlogged = logged_since(&r, from, p + psz);
+	if (logged && wlogged)
+		say(V_PASS, "the dropped copy and the next write were logged");
+	else
+		say(V_FAIL, "private file mapping: the dropped copy (0x22 -> 0x11) was %slogged, the next write %slogged",
+		    logged ? "" : "NOT ", wlogged ? "" : "NOT ");
+}
 
 /* ---- 5: close() with the ring mapped, context in sync mode ---- */
 
@@ -932,6 +1004,7 @@ int main(void)
 		{ "overflow-scan-finds-hugetlb-private-dontneed", case_ovf_hugetlb, 30 },
 		{ "overflow-scan-finds-shmem-punch-hole", case_ovf_shmem, 30 },
 		{ "overflow-scan-finds-hugetlbfs-punch-hole", case_ovf_hugetlbfs, 30 },
+		{ "private-file-cow-dontneed-logged", case_private_cow_dontneed, 30 },
 		{ "scan-during-migration-keeps-protection", case_scan_migration, 40 },
 		{ "scan-during-migration-keeps-protection-hugetlb", case_scan_migration_hugetlb, 40 },
 	};
