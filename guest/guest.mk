@@ -39,7 +39,9 @@ BENCH_LIB  := $(wildcard bench/bench_util.c)
 BENCH_SRCS := $(filter-out $(BENCH_LIB),$(wildcard bench/*.c))
 OURS += $(patsubst bench/%.c,$(OUT)/bin/bench-%,$(BENCH_SRCS))
 OURS += $(if $(wildcard tools/uffdwp.c),$(OUT)/bin/uffdwp)
-OURS += $(patsubst fuzz/%.c,$(OUT)/bin/fuzz-%,$(wildcard fuzz/*.c))
+# A fuzzer is fuzz/NAME.c (its driver) and the parts fuzz/NAME-*.c.
+FUZZ_PARTS := $(wildcard fuzz/*-*.c)
+OURS += $(patsubst fuzz/%.c,$(OUT)/bin/fuzz-%,$(filter-out $(FUZZ_PARTS),$(wildcard fuzz/*.c)))
 
 # The tree's selftests, compiled the way tools/testing/selftests/mm does it.
 ST   := $(KSRC)/tools/testing/selftests/mm
@@ -94,9 +96,9 @@ $(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h workload/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< $(LIB_A) -lm
 
-$(OUT)/bin/fuzz-%: fuzz/%.c $(TEST_LIB) $(wildcard tests/*.h fuzz/*.h)
+$(OUT)/bin/fuzz-%: fuzz/%.c $(FUZZ_PARTS) $(TEST_LIB) $(wildcard tests/*.h fuzz/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB)
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(filter fuzz/$*-%.c,$(FUZZ_PARTS)) $(TEST_LIB)
 
 # The clients step's driver of QEMU needs nothing but the TAP helpers (and
 # so builds on a tree whose library is mid-change).
