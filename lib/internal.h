@@ -139,6 +139,8 @@ struct uffdwp_tracker {
 	const struct uw_tracker_ops *ops;
 	struct uw_regions rs;
 	_Atomic uint64_t *pending;	/* one bit per page, to report */
+	bool round_full;		/* the last collect handed out the
+					 * round's last pages, MAX of them */
 	size_t words;
 	/* backend state */
 	int uffd;

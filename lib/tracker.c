@@ -294,6 +294,14 @@ void uw_mark_range(struct uffdwp_tracker *t, uintptr_t addr, size_t len)
 	uw_mark_pages(&t->rs, t->pending, addr, len);
 }
 
+static bool uw_bits_any(_Atomic uint64_t *map, size_t words)
+{
+	for (size_t w = 0; w < words; w++)
+		if (atomic_load_explicit(&map[w], memory_order_relaxed))
+			return true;
+	return false;
+}
+
 ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 			       size_t max)
 {
@@ -304,9 +312,23 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 		return -EINVAL;
 	if (foreign(t))
 		return -ECHILD;
-	err = t->ops->gather(t);
-	if (err)
-		return err;
+	/*
+	 * Rounds: gather only once every page of the last gather has been
+	 * handed out.  A caller that drains in chunks while writers run then
+	 * sees a call return fewer than MAX and its loop end; what is written
+	 * meanwhile waits for the next round, which the call after that
+	 * starts.  A round whose last call returned exactly MAX pages ends
+	 * with a call that returns 0.
+	 */
+	if (!uw_bits_any(t->pending, t->words)) {
+		if (t->round_full) {
+			t->round_full = false;
+			return 0;
+		}
+		err = t->ops->gather(t);
+		if (err)
+			return err;
+	}
 	for (size_t w = 0; w < t->words && n < max; w++) {
 		uint64_t bits = atomic_load_explicit(&t->pending[w],
 						     memory_order_relaxed);
@@ -320,6 +342,7 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 			pages[n++] = (void *)uw_page_addr(&t->rs, w * 64 + b);
 		}
 	}
+	t->round_full = n && n == max && !uw_bits_any(t->pending, t->words);
 	return (ssize_t)n;
 }
 

@@ -287,6 +287,67 @@ static void t_concurrent(enum uffdwp_backend b)
 		  s.rounds);
 }
 
+/*
+ * A round ends while writers run: draining in chunks of 4 with a writer
+ * dirtying random pages all the time, a call must return fewer than 4
+ * within a bounded number of calls (the man page's loop).  Before rounds,
+ * every call gathered what was written since the last one and the loop
+ * could go on for as long as the writer did.
+ */
+static void t_round_ends(enum uffdwp_backend b)
+{
+	char name[64], why[160] = "";
+	struct uffdwp_tracker *t = NULL;
+	struct uffdwp_region r = { area, PAGES * psz };
+	struct stamper s = { 0 };
+	int err = uffdwp_backend_available(b);
+	long calls = 0;
+
+	snprintf(name, sizeof(name), "tracker-round-ends-with-writers-%s",
+		 uffdwp_backend_name(b));
+	if (err) {
+		tap_skip(name, "backend unavailable: %s", strerror(-err));
+		return;
+	}
+	memset(area, 0, PAGES * psz);
+	err = uffdwp_tracker_new(&t, &r, 1, b);
+	if (err) {
+		tap_fail(name, "tracker_new: %s", strerror(-err));
+		return;
+	}
+	pthread_create(&s.th, NULL, stamp_main, &s);
+	/* The writer must be writing before the rounds start. */
+	for (int i = 0; i < 2000 && s.rounds < 1000; i++)
+		usleep(1000);
+	for (int round = 0; round < 5 && !why[0]; round++) {
+		void *pages[4];
+		ssize_t n;
+		long in_round = 0;
+
+		/* Each chunk takes the caller a moment (sending the pages),
+		 * in which the writer dirties more. */
+		do {
+			n = uffdwp_tracker_collect(t, pages, 4);
+			calls++;
+			in_round++;
+			usleep(200);
+		} while (n == 4 && in_round <= 4L * PAGES);
+		if (n < 0)
+			snprintf(why, sizeof(why), "round %d: collect: %s",
+				 round, strerror((int)-n));
+		else if (n == 4)
+			snprintf(why, sizeof(why),
+				 "round %d did not end in %ld calls of 4 pages (%d pages tracked)",
+				 round, in_round, PAGES);
+	}
+	atomic_store(&s.stop, 1);
+	pthread_join(s.th, NULL);
+	uffdwp_tracker_free(t);
+	tap_check(!why[0] && s.rounds > 0, name,
+		  "%s (%ld calls for 5 rounds; the writer made %ld writes)",
+		  why, calls, s.rounds);
+}
+
 static void t_errors(void)
 {
 	struct uffdwp_region r = { area, PAGES * psz };
@@ -1175,7 +1236,7 @@ int main(void)
 	env = getenv("UFFDWP_DIFF_MS");
 	if (env)
 		diff_ms = atol(env);
-	tap_plan(35);
+	tap_plan(39);
 	tap_diag("seed %llu (set UFFDWP_SEED to replay)", seed);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
@@ -1194,6 +1255,8 @@ int main(void)
 	t_concurrent(UFFDWP_BACKEND_RING);
 	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN);
 	t_concurrent(UFFDWP_BACKEND_MPROTECT);
+	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
+		t_round_ends(b);
 	t_ring_overflow(false);
 	t_ring_overflow(true);
 	t_ring_overflow_hugetlb();
