@@ -7,7 +7,7 @@ LANES ?= x86_64 riscv64 x86_64-debug
 ALL_LANES ?= x86_64 riscv64 x86_64-debug arm64 ppc64le
 # The clients step (docs/clients.md): Debian's QEMU in these lanes' guests.
 CLIENT_LANES ?= x86_64
-ALL_CLIENT_LANES ?= x86_64
+ALL_CLIENT_LANES ?= x86_64 arm64
 LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
