@@ -5,9 +5,14 @@ LANES ?= x86_64 riscv64 x86_64-debug
 # Every lane that carries the series: make check-all (docs/lanes.md: why
 # arm64 and ppc64le are not in the default set).
 ALL_LANES ?= x86_64 riscv64 x86_64-debug arm64 ppc64le
-# The clients step (docs/clients.md): Debian's QEMU in these lanes' guests.
+# The clients step (docs/clients.md): Debian's QEMU in these lanes' guests;
+# make clients runs CLIENT_LANES, make check-all ALL_CLIENT_LANES.  Not in
+# make check (CHECK_CLIENT_LANES is empty): one repetition with the fault
+# cases took 3.6 min of x86_64 guest time (4.1 min with packing), above its
+# 3-minute budget.
 CLIENT_LANES ?= x86_64
 ALL_CLIENT_LANES ?= x86_64 arm64
+CHECK_CLIENT_LANES ?=
 LANE  ?= $(firstword $(LANES))
 PROG  ?=
 ARGS  ?=
@@ -18,7 +23,7 @@ all: check
 
 ## check: install what is missing, check the series, build/boot/test LANES
 check:
-	@CLIENT_LANES="$(CLIENT_LANES)" CLIENTS_REPS=1 scripts/check.sh $(LANES)
+	@CLIENT_LANES="$(CHECK_CLIENT_LANES)" CLIENTS_REPS=1 scripts/check.sh $(LANES)
 
 ## check-all: make check on ALL_LANES (adds arm64 and ppc64le: two more
 ##       kernels and their guest time; the debug lane runs its full plan,

@@ -35,7 +35,8 @@ for lane in "$@"; do
 done
 # The clients step (docs/clients.md): Debian's QEMU and its background
 # snapshot in the guests of CLIENT_LANES that are among the lanes checked
-# (make check: x86_64 with one repetition; make check-all: three).
+# (make check-all: x86_64 and arm64, three repetitions; make check: none by
+# default, CHECK_CLIENT_LANES=x86_64 for one repetition).
 for lane in ${CLIENT_LANES:-}; do
 	[[ " $* " == *" $lane "* ]] || continue
 	rm -f "$results/$lane-clients".{tap,console,csv,txt}
