@@ -18,6 +18,12 @@ LIB_SRCS := $(wildcard lib/*.c)
 LIB_OBJS := $(patsubst lib/%.c,$(OUT)/lib/%.o,$(LIB_SRCS))
 LIB_A    := $(if $(LIB_SRCS),$(OUT)/libuffdwp.a)
 
+# The versioned-record workload (workload/*.c), for the tool, the benchmarks
+# and the tests that check snapshots with it: an archive, so a program that
+# does not use it links none of it.
+WL_SRCS := $(wildcard workload/*.c)
+WL_A    := $(if $(WL_SRCS),$(OUT)/libworkload.a)
+
 # Our programs: the PID 1, the demo, and one conformance suite per area.
 TEST_SRCS := $(wildcard tests/*.c)
 TEST_LIB  := $(filter tests/tap.c tests/uffd_util.c tests/uffd_ring.c \
@@ -88,13 +94,21 @@ $(OUT)/libuffdwp.a: $(LIB_OBJS)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(OUT)/bin/bench-%: bench/%.c $(BENCH_LIB) $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h bench/*.h workload/*.h include/*.h)
+$(OUT)/workload/%.o: workload/%.c $(wildcard workload/*.h include/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_OURS) -o $@ $< $(BENCH_LIB) $(TEST_LIB) $(LIB_A) -lm
+	$(CC) $(CFLAGS_OURS) -c -o $@ $<
 
-$(OUT)/bin/uffdwp: tools/uffdwp.c $(LIB_A) $(wildcard include/*.h workload/*.h)
+$(OUT)/libworkload.a: $(patsubst workload/%.c,$(OUT)/workload/%.o,$(WL_SRCS))
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(OUT)/bin/bench-%: bench/%.c $(BENCH_LIB) $(TEST_LIB) $(WL_A) $(LIB_A) $(wildcard tests/*.h bench/*.h workload/*.h include/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_OURS) -o $@ $< $(LIB_A) -lm
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(BENCH_LIB) $(TEST_LIB) $(WL_A) $(LIB_A) -lm
+
+$(OUT)/bin/uffdwp: tools/uffdwp.c $(WL_A) $(LIB_A) $(wildcard include/*.h workload/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(WL_A) $(LIB_A) -lm
 
 $(OUT)/bin/fuzz-%: fuzz/%.c $(FUZZ_PARTS) $(TEST_LIB) $(wildcard tests/*.h fuzz/*.h)
 	@mkdir -p $(dir $@)
@@ -106,9 +120,9 @@ $(OUT)/bin/qemu-snapshot: tests/qemu-snapshot.c tests/tap.c tests/tap.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_OURS) -o $@ $< tests/tap.c
 
-$(OUT)/bin/%: tests/%.c $(TEST_LIB) $(LIB_A) $(wildcard tests/*.h workload/*.h include/*.h)
+$(OUT)/bin/%: tests/%.c $(TEST_LIB) $(WL_A) $(LIB_A) $(wildcard tests/*.h workload/*.h include/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB) $(LIB_A)
+	$(CC) $(CFLAGS_OURS) -o $@ $< $(TEST_LIB) $(WL_A) $(LIB_A)
 
 $(OUT)/bin/uffd-unit-tests $(OUT)/bin/uffd-stress: $(OUT)/bin/%: $(ST)/%.c $(ST)/uffd-common.c
 	@mkdir -p $(dir $@)

@@ -32,6 +32,9 @@ HOST_TEST_SRCS := $(wildcard tests/lib-*.c)
 HOST_TESTS     := $(patsubst tests/%.c,$(HOST_OUT)/tests/%,$(HOST_TEST_SRCS))
 HOST_TEST_LIB  := tests/tap.c tests/uffd_util.c
 HOST_HDRS      := $(wildcard include/*.h lib/*.h)
+# The versioned-record workload of the tool and the tests (an archive).
+HOST_WL_SRCS   := $(wildcard workload/*.c)
+HOST_WL_A      := $(HOST_OUT)/libworkload.a
 
 .PHONY: lib install check-host
 
@@ -54,8 +57,16 @@ $(HOST_LIB_SO): $(HOST_LIB_SOV)
 	ln -sf libuffdwp.so.$(UFFDWP_VER) $(HOST_OUT)/libuffdwp.so.$(UFFDWP_SOVER)
 	ln -sf libuffdwp.so.$(UFFDWP_SOVER) $@
 
-$(HOST_TOOL): tools/uffdwp.c $(HOST_LIB_A) $(HOST_HDRS) $(wildcard workload/*.h)
-	$(HOST_CC) $(HOST_CFLAGS) -o $@ $< $(HOST_LIB_A) -lm
+$(HOST_OUT)/workload/%.o: workload/%.c $(HOST_HDRS) $(wildcard workload/*.h)
+	@mkdir -p $(dir $@)
+	$(HOST_CC) $(HOST_CFLAGS) -c -o $@ $<
+
+$(HOST_WL_A): $(patsubst workload/%.c,$(HOST_OUT)/workload/%.o,$(HOST_WL_SRCS))
+	@rm -f $@
+	$(HOST_AR) rcs $@ $^
+
+$(HOST_TOOL): tools/uffdwp.c $(HOST_WL_A) $(HOST_LIB_A) $(HOST_HDRS) $(wildcard workload/*.h)
+	$(HOST_CC) $(HOST_CFLAGS) -o $@ $< $(HOST_WL_A) $(HOST_LIB_A) -lm
 
 # uffdwp.pc is written at install time: it names this PREFIX and LIBDIR.
 install: lib
@@ -76,9 +87,9 @@ install: lib
 	install -d $(DESTDIR)$(PREFIX)/share/man/man7
 	install -m 644 man/*.7 $(DESTDIR)$(PREFIX)/share/man/man7/
 
-$(HOST_OUT)/tests/%: tests/%.c $(HOST_LIB_A) $(HOST_TEST_LIB) $(HOST_HDRS) $(wildcard tests/*.h)
+$(HOST_OUT)/tests/%: tests/%.c $(HOST_WL_A) $(HOST_LIB_A) $(HOST_TEST_LIB) $(HOST_HDRS) $(wildcard tests/*.h workload/*.h)
 	@mkdir -p $(dir $@)
-	$(HOST_CC) $(HOST_CFLAGS) -o $@ $< $(HOST_TEST_LIB) $(HOST_LIB_A) -lm
+	$(HOST_CC) $(HOST_CFLAGS) -o $@ $< $(HOST_TEST_LIB) $(HOST_WL_A) $(HOST_LIB_A) -lm
 
 # Each test prints TAP; the target fails if any case fails or a program
 # exits non-zero.  Skips (missing kernel features) are listed with reasons.
