@@ -112,10 +112,10 @@ struct uffdwp_snapshot {
 	bool async_mode, full_layout;
 
 	/*
-	 * Reading the userfaultfd's messages (read_batch() in snapshot.c):
-	 * whoever holds READ_LOCK (recursive) may read; discards are handled
-	 * at once, faults go to DEFERRED (NDEFERRED of DEFERRED_CAP) for the
-	 * handler, which KICK_FD wakes.  READERS: threads between a read and
+	 * Reading the userfaultfd's messages (read_batch(), in
+	 * snapshot-handler.c): whoever holds READ_LOCK (recursive) may read;
+	 * discards are handled at once, faults go to DEFERRED (NDEFERRED of
+	 * DEFERRED_CAP) for the handler, which KICK_FD wakes.  READERS: threads between a read and
 	 * the end of handling its discards (the copier waits for none before
 	 * trusting what it copied).  ZEROED: pages of the set discarded
 	 * before they were copied (stored as zeroes in DISCARD_ZERO mode; the

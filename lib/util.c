@@ -34,7 +34,7 @@ uint64_t uw_now_ns(void)
  * non-cooperative event such as UFFD_EVENT_REMOVE is pending) goes back to
  * the caller: the event stays pending until somebody reads it, and when
  * that somebody is the caller, retrying here would spin for ever
- * (uw_snap_wp() in snapshot.c reads the events and retries).
+ * (uw_snap_wp() in snapshot-handler.c reads the events and retries).
  */
 int uw_ioctl(int fd, unsigned long req, void *arg)
 {
