@@ -31,6 +31,20 @@
  *                                 migrate, cont
  *   savevm-r-completes, savevm-r-restored   HMP savevm into a qcow2 made
  *                                 with blockdev-create, then -loadvm
+ *   mixed-copy-detected           (after the first stop-and-copy) the file
+ *                                 with one record from a later instant must
+ *                                 fail the restored VM's check, naming it
+ * then the faults, each mid-snapshot (pages seen write-protected):
+ *   bg-kill-releases              QEMU killed: reaped at once
+ *   bg-cancel-cancels, bg-cancel-vm-runs-on     migrate_cancel (a VM of
+ *                                 its own): cancelled; the VM runs on, its
+ *                                 records right, no page left with the
+ *                                 uffd-wp bit (pagemap)
+ *   bg-enospc-fails, bg-enospc-vm-runs-on       the file system fills up
+ *                                 (8 MiB tmpfs, a VM of its own): the
+ *                                 snapshot fails; the same afterwards
+ * The two -vm-runs-on cases skip in exactly the state QEMU 7.2 leaves
+ * (its userfaultfd kept, a fault waiting on it: runs_on()).
  *
  * Figures (bench CSV rows, benchmark qemu-snapshot): downtime_ms (the VM
  * stopped: QEMU's own figure for the background snapshot, stop to cont
