@@ -453,7 +453,7 @@ static void sample(const char *variant, const char *metric, double v,
 static bool restore_and_check(const char *tag, const char *const *extra,
 			      char *why, size_t whysz)
 {
-	char line[LINE_MAX_LEN], st[64];
+	char line[LINE_MAX_LEN], st[64] = "";
 	double deadline = now_ms() + op_s * 1000.0;
 	struct vm d;
 	bool ok = false;
