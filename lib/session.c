@@ -142,8 +142,14 @@ int uw_session_check_replaced(struct uffdwp_snapshot *s)
 	return err;
 }
 
-/* FN on each run of pages of the set (runs end at region ends). */
-static int for_each_run(struct uffdwp_snapshot *s,
+/*
+ * FN on each run of pages of the set (runs end at region ends).  Runs less
+ * than GAP pages apart are joined, the pages between them included: for
+ * protecting the set, whose other pages are protected already, one call
+ * over a short gap costs less than a call per run (a delta of scattered
+ * writes would otherwise pause for a call per written page).
+ */
+static int for_each_run(struct uffdwp_snapshot *s, size_t gap,
 			int (*fn)(struct uffdwp_snapshot *s, uintptr_t addr,
 				  size_t len))
 {
@@ -167,8 +173,19 @@ static int for_each_run(struct uffdwp_snapshot *s,
 				i += (size_t)__builtin_ctzll(w);
 				continue;
 			}
-			while (j < n && uw_bit_test(s->set, first + j))
-				j++;
+			for (;;) {
+				size_t k;
+
+				while (j < n && uw_bit_test(s->set, first + j))
+					j++;
+				/* the next set page within GAP joins the run */
+				for (k = j; k < n && k - j < gap &&
+				     !uw_bit_test(s->set, first + k); k++)
+					;
+				if (k == j || k >= n || k - j >= gap)
+					break;
+				j = k;
+			}
 			err = fn(s, (uintptr_t)s->rs.r[r].addr + i * psz,
 				 (j - i) * psz);
 			if (err)
@@ -178,6 +195,13 @@ static int for_each_run(struct uffdwp_snapshot *s,
 	}
 	return 0;
 }
+
+/*
+ * Pages between two runs of the set that one protect call covers as well:
+ * walking up to this many PTEs that are protected already costs less than
+ * another ioctl (the page tables of a 2 MiB range, one PTE table).
+ */
+#define PROTECT_GAP	512
 
 static int protect_run(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 {
@@ -334,9 +358,9 @@ static int instant_held(void *arg)
 	reset_stats(s, s->full_layout ? s->rs.pages : pages,
 		    base || s->full_layout, h->t_start);
 	if (!err && !s->st.used_unpopulated)
-		err = for_each_run(s, populate_run);
+		err = for_each_run(s, 0, populate_run);
 	if (!err)
-		err = for_each_run(s, protect_run);
+		err = for_each_run(s, PROTECT_GAP, protect_run);
 	if (!err) {
 		s->need_base = false;
 		s->taken++;
