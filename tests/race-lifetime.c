@@ -84,6 +84,7 @@ struct one_write {
 	pthread_t thread;
 	volatile uint64_t *word;
 	uint64_t val;
+	bool read;		/* read the word instead */
 	volatile int done;
 };
 
@@ -91,7 +92,10 @@ static void *one_write_main(void *arg)
 {
 	struct one_write *w = arg;
 
-	*w->word = w->val;
+	if (w->read)
+		w->val = *w->word;
+	else
+		*w->word = w->val;
 	__atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
 	return NULL;
 }
@@ -675,6 +679,142 @@ static bool reregister_without_wp(char *why)
 	return ok;
 }
 
+/*
+ * A re-registration without WP that fails halfway (the split of the vma
+ * hits vm.max_map_count) leaves the range registered for WP: its pages
+ * must keep their protection, so that a write still faults.  Before the
+ * fix the bits were dropped before the vma was changed (review of
+ * 2026-12-07).
+ */
+static int map_count(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0, c;
+
+	if (!f)
+		return -1;
+	while ((c = fgetc(f)) != EOF)
+		n += c == '\n';
+	fclose(f);
+	return n;
+}
+
+static bool reregister_failure_keeps_wp(char *why)
+{
+	char *mem = map_anon_aligned(3 * psz, psz);
+	int uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP, NULL), err;
+	char old[32] = "", lim[32];
+	FILE *f;
+	bool ok = true;
+
+	if (!mem || uffd < 0)
+		return fail(why, "setup: %s", strerror(mem ? -uffd : errno));
+	memset(mem, 'A', 3 * psz);
+	err = uffd_register(uffd, mem, 3 * psz, UFFDIO_REGISTER_MODE_WP, NULL);
+	if (!err)
+		err = uffd_wp(uffd, mem, 3 * psz, UFFDIO_WRITEPROTECT_MODE_WP);
+	if (err)
+		return fail(why, "register/protect: %s", strerror(-err));
+	f = fopen("/proc/sys/vm/max_map_count", "r");
+	if (!f || !fgets(old, sizeof(old), f))
+		return fail(why, "read vm.max_map_count: %s", strerror(errno));
+	fclose(f);
+	/* No room for the two vmas the split of the middle page needs. */
+	snprintf(lim, sizeof(lim), "%d\n", map_count());
+	f = fopen("/proc/sys/vm/max_map_count", "w");
+	if (!f || fputs(lim, f) < 0 || fclose(f))
+		return fail(why, "write vm.max_map_count: %s", strerror(errno));
+	err = uffd_register(uffd, mem + psz, psz, UFFDIO_REGISTER_MODE_MISSING,
+			    NULL);
+	f = fopen("/proc/sys/vm/max_map_count", "w");
+	if (f) {
+		fputs(old, f);
+		fclose(f);
+	}
+	if (err != -ENOMEM)
+		ok = fail(why, "re-registering the middle page with the map "
+			  "count full returned %s, not ENOMEM",
+			  err ? strerror(-err) : "success");
+	else if (!page_wp(mem + psz))
+		ok = fail(why, "the failed re-registration left the range "
+			  "registered for WP but dropped its page's uffd-wp "
+			  "bit (pagemap %#" PRIx64 "): its writes would not "
+			  "fault", pagemap_entry(mem + psz));
+	close(uffd);
+	munmap(mem, 3 * psz);
+	return ok;
+}
+
+/*
+ * Re-registering a WP|MISSING shmem range for MISSING|MINOR drops WP and
+ * wakes the writers blocked in its WP faults, and only those: a reader
+ * blocked in a missing fault whose message the monitor has read stays
+ * blocked, and no second message comes for it (a wakeup of every fault
+ * of the range made it fault again and queue a duplicate).
+ */
+static bool reregister_wakes_only_wp(char *why)
+{
+	struct one_write r = { 0 };
+	struct uffd_msg m;
+	uint64_t got = 0;
+	int fd, uffd, err, n;
+	char *mem;
+	bool ok = true;
+
+	uffd = uffd_open(UFFD_FEATURE_PAGEFAULT_FLAG_WP |
+			 UFFD_FEATURE_WP_HUGETLBFS_SHMEM |
+			 UFFD_FEATURE_MINOR_SHMEM, &got);
+	if (uffd < 0)
+		return fail(why, "userfaultfd: %s", strerror(-uffd));
+	fd = memfd_create("race-lifetime-rereg", 0);
+	if (fd < 0 || ftruncate(fd, 2 * psz))
+		return fail(why, "memfd: %s", strerror(errno));
+	mem = mmap(NULL, 2 * psz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (mem == MAP_FAILED)
+		return fail(why, "mmap: %s", strerror(errno));
+	err = uffd_register(uffd, mem, 2 * psz, UFFDIO_REGISTER_MODE_WP |
+			    UFFDIO_REGISTER_MODE_MISSING, NULL);
+	if (err)
+		return fail(why, "register WP|MISSING: %s", strerror(-err));
+	/* A reader of the hole: a missing fault. */
+	r.word = (uint64_t *)mem;
+	r.read = true;
+	pthread_create(&r.thread, NULL, one_write_main, &r);
+	n = uffd_read_msg(uffd, &m, WAIT_MS);
+	if (n != 1 || m.event != UFFD_EVENT_PAGEFAULT ||
+	    (m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP))
+		ok = fail(why, "no missing-fault message for the reader");
+	if (ok) {
+		err = uffd_register(uffd, mem, 2 * psz,
+				    UFFDIO_REGISTER_MODE_MISSING |
+				    UFFDIO_REGISTER_MODE_MINOR, NULL);
+		if (err)
+			ok = fail(why, "register MISSING|MINOR: %s",
+				  strerror(-err));
+	}
+	if (ok) {
+		n = uffd_read_msg(uffd, &m, 1000);
+		if (n == 1)
+			ok = fail(why, "a second message (event %u, flags "
+				  "%#llx) for the reader's missing fault "
+				  "after the re-registration: it was woken",
+				  m.event, (unsigned long long)
+				  m.arg.pagefault.flags);
+		else if (wait_all(&r, 1, 200))
+			ok = fail(why, "the reader ran on without an answer");
+	}
+	/* Answer it: a zero page for the hole. */
+	uffd_wake(uffd, mem, psz);
+	uffd_zeropage(uffd, mem, psz, 0);
+	close(uffd);
+	if (!wait_all(&r, 1, WAIT_MS))
+		tap_bail("the reader stayed blocked after close()");
+	pthread_join(r.thread, NULL);
+	munmap(mem, 2 * psz);
+	close(fd);
+	return ok;
+}
+
 /* ---- the write-log ring ------------------------------------------------- */
 
 static bool ring_vs_close(char *why)
@@ -866,7 +1006,7 @@ int main(void)
 
 	psz = page_size();
 	watchdog(240);
-	tap_plan(10);
+	tap_plan(12);
 	fd = uffd_open(0, &got);
 	if (fd < 0)
 		tap_bail("userfaultfd: %s", strerror(-fd));
@@ -886,6 +1026,14 @@ int main(void)
 	run("lifetime-close-vs-busy-resolver", close_vs_resolver);
 	run("lifetime-reregister-without-wp-clears-bits",
 	    reregister_without_wp);
+	run("lifetime-reregister-failure-keeps-protection",
+	    reregister_failure_keeps_wp);
+	if (got & UFFD_FEATURE_MINOR_SHMEM)
+		run("lifetime-reregister-wakes-only-wp-faults",
+		    reregister_wakes_only_wp);
+	else
+		tap_skip("lifetime-reregister-wakes-only-wp-faults",
+			 "kernel does not report UFFD_FEATURE_MINOR_SHMEM");
 	if (got & UFFD_FEATURE_WP_RING)
 		run("lifetime-ring-harvest-vs-writers-vs-close", ring_vs_close);
 	else

@@ -40,6 +40,8 @@
  *  private-file-cow-dontneed-logged: MADV_DONTNEED of a private file
  *    mapping's own copy of a page brings back the file's content: an entry
  *    must name it, and the page's next write after the harvest be logged.
+ *  private-file-zeropage-dontneed-logged: the same for the zero page that
+ *    UFFDIO_ZEROPAGE put there.
  *  scan-during-migration-keeps-protection(-hugetlb): the recovery's
  *    PAGEMAP_SCAN protecting pages under migration must leave them
  *    protected once the migration is done.
@@ -539,6 +541,86 @@ static void case_private_cow_dontneed(void)
 		    logged ? "" : "NOT ", wlogged ? "" : "NOT ");
 }
 
+/*
+ * The same with the zero page: UFFDIO_ZEROPAGE answers a missing fault of
+ * a private file mapping with the zero page, which is that mapping's own
+ * copy; the file is written through another mapping; MADV_DONTNEED of the
+ * protected zero page brings the file's content back (review of
+ * 2026-12-07).
+ */
+static volatile char zp_sink;
+
+static void *zp_reader(void *arg)
+{
+	zp_sink = *(volatile char *)arg;
+	return NULL;
+}
+
+static void case_private_zeropage_dontneed(void)
+{
+	size_t len = 4 * psz;
+	struct uring_view r;
+	struct uffd_msg m;
+	pthread_t t;
+	uint64_t from;
+	char *p, *s;
+	int fd, err;
+
+	fd = memfd_create("ring-promise-zp", 0);
+	if (fd < 0 || ftruncate(fd, len)) {
+		say(V_FAIL, "memfd: %s", strerror(errno));
+		return;
+	}
+	s = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	if (s == MAP_FAILED || p == MAP_FAILED) {
+		say(V_FAIL, "mmap: %s", strerror(errno));
+		return;
+	}
+	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM))
+		return;
+	err = uffd_register(r.uffd, p, len, UFFDIO_REGISTER_MODE_MISSING |
+			    UFFDIO_REGISTER_MODE_WP, NULL);
+	if (err) {
+		say(V_FAIL, "register MISSING|WP: %s", strerror(-err));
+		return;
+	}
+	pthread_create(&t, NULL, zp_reader, p + psz);
+	if (uffd_read_msg(r.uffd, &m, 5000) != 1 ||
+	    m.event != UFFD_EVENT_PAGEFAULT) {
+		say(V_FAIL, "no missing fault for the private page");
+		return;
+	}
+	err = uffd_zeropage(r.uffd, p + psz, psz, 0);
+	pthread_join(t, NULL);
+	if (!err)
+		err = uffd_wp(r.uffd, p + psz, psz, UFFDIO_WRITEPROTECT_MODE_WP);
+	if (err) {
+		say(V_FAIL, "UFFDIO_ZEROPAGE and protect: %s", strerror(-err));
+		return;
+	}
+	s[psz + 5] = 0x44;	/* the file changes under the private zero page */
+	if (p[psz + 5] != 0) {
+		say(V_FAIL, "the private zero page reads %#x", p[psz + 5]);
+		return;
+	}
+	harvest_quiet(&r, p, len);
+	from = ring_producer(&r);
+	if (madvise(p + psz, psz, MADV_DONTNEED)) {
+		say(V_FAIL, "MADV_DONTNEED: %s", strerror(errno));
+		return;
+	}
+	if (p[psz + 5] != 0x44) {
+		say(V_FAIL, "after MADV_DONTNEED the page reads %#x, not the file's 0x44",
+		    p[psz + 5]);
+		return;
+	}
+	if (logged_since(&r, from, p + psz))
+		say(V_PASS, "the dropped zero page (0 -> the file's 0x44) was logged");
+	else
+		say(V_FAIL, "private file mapping: the dropped zero page (0 -> the file's 0x44) was NOT logged");
+}
+
 /* ---- 5: close() with the ring mapped, context in sync mode ---- */
 
 static void case_close_releases(void)
@@ -1005,6 +1087,7 @@ int main(void)
 		{ "overflow-scan-finds-shmem-punch-hole", case_ovf_shmem, 30 },
 		{ "overflow-scan-finds-hugetlbfs-punch-hole", case_ovf_hugetlbfs, 30 },
 		{ "private-file-cow-dontneed-logged", case_private_cow_dontneed, 30 },
+		{ "private-file-zeropage-dontneed-logged", case_private_zeropage_dontneed, 30 },
 		{ "scan-during-migration-keeps-protection", case_scan_migration, 40 },
 		{ "scan-during-migration-keeps-protection-hugetlb", case_scan_migration_hugetlb, 40 },
 	};
