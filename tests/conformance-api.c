@@ -35,20 +35,6 @@
 #define COPY_IOCTL	((uint64_t)1 << _UFFDIO_COPY)
 #define WAKE_IOCTL	((uint64_t)1 << _UFFDIO_WAKE)
 
-/* Why the current case failed; because() records it and returns false. */
-static char why[512];
-
-static bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool because(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	return false;
-}
-
 static size_t area_len(void)
 {
 	return PAGES * page_size();

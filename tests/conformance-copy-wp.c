@@ -37,29 +37,6 @@
 #define MISSING_WP	(UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP)
 #define PAGES		4
 
-/* Why the current case failed; because() records it and returns false. */
-static char why[512];
-
-static bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool because(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	return false;
-}
-
-/* Put PREFIX before the reason already recorded; returns false. */
-static bool because_with(const char *prefix)
-{
-	char reason[sizeof(why)];
-
-	memcpy(reason, why, sizeof(reason));
-	return because("%s: %s", prefix, reason);
-}
-
 /* An unpopulated registered area, and a source buffer with a pattern. */
 struct area {
 	int uffd;
@@ -127,42 +104,14 @@ static void writer_release(struct area *a, struct writer *w)
 }
 
 /* Read one message: a page fault at page I with exactly FLAGS. */
-static bool expect_fault(struct area *a, int i, uint64_t flags)
+static bool fault_at(struct area *a, int i, uint64_t flags)
 {
-	struct uffd_msg msg;
-	int n = uffd_read_msg(a->uffd, &msg, FAULT_WAIT_MS);
-
-	if (n < 0)
-		return because("reading the uffd: %s", strerror(-n));
-	if (n == 0)
-		return because("no message within %d ms for page %d (want "
-			       "flags %#llx)", FAULT_WAIT_MS, i,
-			       (unsigned long long)flags);
-	if (msg.event != UFFD_EVENT_PAGEFAULT)
-		return because("page %d: event %u, want PAGEFAULT", i, msg.event);
-	if (msg.arg.pagefault.address != (uintptr_t)page_at(a, i))
-		return because("fault at %#llx, want page %d at %p",
-			       (unsigned long long)msg.arg.pagefault.address, i,
-			       (void *)page_at(a, i));
-	if (msg.arg.pagefault.flags != flags)
-		return because("page %d: flags %#llx, want %#llx", i,
-			       (unsigned long long)msg.arg.pagefault.flags,
-			       (unsigned long long)flags);
-	return true;
+	return expect_fault(a->uffd, page_at(a, i), flags, FAULT_WAIT_MS);
 }
 
 static bool expect_no_message(struct area *a, const char *when)
 {
-	struct uffd_msg msg;
-	int n = uffd_read_msg(a->uffd, &msg, QUIET_MS);
-
-	if (n < 0)
-		return because("reading the uffd %s: %s", when, strerror(-n));
-	if (n > 0)
-		return because("unexpected message %s: event %u flags %#llx",
-			       when, msg.event,
-			       (unsigned long long)msg.arg.pagefault.flags);
-	return true;
+	return expect_quiet(a->uffd, QUIET_MS, when);
 }
 
 /* Page I holds the source pattern, with byte 0 replaced by VAL if WRITTEN. */
@@ -217,7 +166,7 @@ static bool copied_pages_fault_on_write(struct area *a)
 	if (writer_start(&w, a->base, a->len, 'C'))
 		return because("pthread_create failed");
 	for (int i = 0; i < PAGES; i++) {
-		if (!expect_fault(a, i, WP_WRITE)) {
+		if (!fault_at(a, i, WP_WRITE)) {
 			writer_release(a, &w);
 			return false;
 		}
@@ -262,7 +211,7 @@ static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
 
 	if (writer_start(w, page_at(a, 1), page_size(), 'M'))
 		return because("pthread_create failed");
-	if (!expect_fault(a, 1, UFFD_PAGEFAULT_FLAG_WRITE))
+	if (!fault_at(a, 1, UFFD_PAGEFAULT_FLAG_WRITE))
 		return because_with("first message");
 	/* The message is queued before the writer sleeps: let it sleep. */
 	usleep(100 * 1000);
@@ -277,7 +226,7 @@ static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
 		if (err)
 			return because("UFFDIO_WAKE: %s", strerror(-err));
 	}
-	if (!expect_fault(a, 1, WP_WRITE))
+	if (!fault_at(a, 1, WP_WRITE))
 		return because_with("second message");
 	if (!page_holds(a, 1, false, 0))
 		return because_with("before the WP fault was resolved");

@@ -41,29 +41,6 @@
 			 UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP)
 #define MISSING_WP	(UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP)
 
-/* Why the current case failed; because() records it and returns false. */
-static char why[512];
-
-static bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool because(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	return false;
-}
-
-/* Put PREFIX before the reason already recorded; returns false. */
-static bool because_with(const char *prefix)
-{
-	char reason[sizeof(why)];
-
-	memcpy(reason, why, sizeof(reason));
-	return because("%s: %s", prefix, reason);
-}
-
 static size_t area_len(void)
 {
 	return PAGES * page_size();
@@ -102,13 +79,7 @@ static bool register_and_protect(struct setup *s, char *p)
 
 	if (err)
 		return because("UFFDIO_REGISTER(MISSING|WP): %s", strerror(-err));
-	err = uffd_wp(s->uffd, p, area_len(), UFFDIO_WRITEPROTECT_MODE_WP);
-	if (err)
-		return because("UFFDIO_WRITEPROTECT(MODE_WP): %s", strerror(-err));
-	if (pages_with(p, area_len(), PM_UFFD_WP) != PAGES)
-		return because("only %zu of %d pages have PM_UFFD_WP",
-			       pages_with(p, area_len(), PM_UFFD_WP), PAGES);
-	return true;
+	return protect_checked(s->uffd, p, area_len());
 }
 
 static bool setup(struct setup *s, bool with_b)
@@ -237,18 +208,6 @@ static void changer_release(struct setup *s, struct changer *c)
 	}
 }
 
-static const char *event_name(unsigned int event)
-{
-	switch (event) {
-	case UFFD_EVENT_PAGEFAULT:	return "PAGEFAULT";
-	case UFFD_EVENT_FORK:		return "FORK";
-	case UFFD_EVENT_REMAP:		return "REMAP";
-	case UFFD_EVENT_REMOVE:		return "REMOVE";
-	case UFFD_EVENT_UNMAP:		return "UNMAP";
-	default:			return "unknown";
-	}
-}
-
 static bool read_event(struct setup *s, unsigned int event,
 		       struct uffd_msg *msg)
 {
@@ -257,11 +216,11 @@ static bool read_event(struct setup *s, unsigned int event,
 	if (n < 0)
 		return because("reading the uffd: %s", strerror(-n));
 	if (n == 0)
-		return because("no %s event within %d ms", event_name(event),
+		return because("no %s event within %d ms", uffd_event_name(event),
 			       EVENT_WAIT_MS);
 	if (msg->event != event)
 		return because("got a %s event, want %s",
-			       event_name(msg->event), event_name(event));
+			       uffd_event_name(msg->event), uffd_event_name(event));
 	return true;
 }
 
@@ -276,7 +235,7 @@ static bool expect_range_event(struct setup *s, unsigned int event,
 	if (msg.arg.remove.start != (uintptr_t)start ||
 	    msg.arg.remove.end != (uintptr_t)end)
 		return because("%s event for [%#llx, %#llx), want [%p, %p)",
-			       event_name(event),
+			       uffd_event_name(event),
 			       (unsigned long long)msg.arg.remove.start,
 			       (unsigned long long)msg.arg.remove.end,
 			       (void *)start, (void *)end);
@@ -303,37 +262,22 @@ static bool expect_remap_event(struct setup *s, char *from, char *to,
 
 static bool expect_no_message(struct setup *s, const char *when)
 {
-	struct uffd_msg msg;
-	int n = uffd_read_msg(s->uffd, &msg, QUIET_MS);
-
-	if (n < 0)
-		return because("reading the uffd %s: %s", when, strerror(-n));
-	if (n > 0)
-		return because("unexpected %s message %s", event_name(msg.event),
-			       when);
-	return true;
+	return expect_quiet(s->uffd, QUIET_MS, when);
 }
 
 /*
  * Read one message: a page fault at PAGE with exactly FLAGS.  Otherwise
  * false, the reason naming WHAT was written and the fault WANTed.
  */
-static bool expect_fault(struct setup *s, char *page, uint64_t flags,
-			 const char *what, const char *want)
+static bool fault_of(struct setup *s, char *page, uint64_t flags,
+		     const char *what, const char *want)
 {
-	struct uffd_msg msg = { 0 };
-	int n = uffd_read_msg(s->uffd, &msg, EVENT_WAIT_MS);
+	char prefix[128];
 
-	if (n == 1 && msg.event == UFFD_EVENT_PAGEFAULT &&
-	    msg.arg.pagefault.address == (uintptr_t)page &&
-	    msg.arg.pagefault.flags == flags)
+	if (expect_fault(s->uffd, page, flags, EVENT_WAIT_MS))
 		return true;
-	return because("%s: got %s (event %s addr %#llx flags %#llx), want "
-		       "%s at %p", what, n == 1 ? "a message" : "no message",
-		       event_name(msg.event),
-		       (unsigned long long)msg.arg.pagefault.address,
-		       (unsigned long long)msg.arg.pagefault.flags, want,
-		       (void *)page);
+	snprintf(prefix, sizeof(prefix), "%s (want %s)", what, want);
+	return because_with(prefix);
 }
 
 /* Move A onto DEST; REMAP then the implicit UNMAP of the old range. */
@@ -368,7 +312,7 @@ static bool moved_pages_stay_protected(struct setup *s)
 			       PAGES);
 	if (writer_start(&w, page, page_size(), 'R'))
 		return because("pthread_create failed");
-	fault_ok = expect_fault(s, page, WP_WRITE, "write to a moved page",
+	fault_ok = fault_of(s, page, WP_WRITE, "write to a moved page",
 				"WP|WRITE");
 	uffd_wp(s->uffd, s->dest, area_len(), 0);
 	if (!writer_wait(&w, EVENT_WAIT_MS)) {
@@ -426,7 +370,7 @@ static bool removed_range_still_registered(struct setup *s)
 		return because("page 3 is still present after MADV_DONTNEED");
 	if (writer_start(&w, page, page_size(), 'm'))
 		return because("pthread_create failed");
-	fault_ok = expect_fault(s, page, UFFD_PAGEFAULT_FLAG_WRITE,
+	fault_ok = fault_of(s, page, UFFD_PAGEFAULT_FLAG_WRITE,
 				"write to a removed page",
 				"a MISSING write fault");
 	err = uffd_zeropage(s->uffd, page, page_size(), 0);

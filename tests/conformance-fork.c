@@ -91,31 +91,12 @@ static void wp_area_free(struct wp_area *a)
 		munmap(a->addr, a->len);
 }
 
-/*
- * pagemap_entry() keeps /proc/self/pagemap open across calls, so after
- * fork() the child would read its parent's page table through it.  The
- * child uses this instead: a fresh open of its own pagemap.
- */
-static uint64_t own_pagemap_entry(void *addr)
-{
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	uint64_t e = 0;
-
-	if (fd < 0)
-		return 0;
-	if (pread(fd, &e, sizeof(e), (uintptr_t)addr / page_size() * sizeof(e)) !=
-	    sizeof(e))
-		e = 0;
-	close(fd);
-	return e;
-}
-
 static size_t own_pages_with(char *addr, size_t npages, uint64_t mask)
 {
 	size_t n = 0;
 
 	for (size_t i = 0; i < npages; i++)
-		if ((own_pagemap_entry(addr + i * page_size()) & mask) == mask)
+		if ((pagemap_entry_fresh(addr + i * page_size()) & mask) == mask)
 			n++;
 	return n;
 }
@@ -315,7 +296,7 @@ static void event_child(char *addr, int fd)
 		if (i != 1)
 			rep.others_intact += addr[i * page_size()] == 'A';
 	rep.wp_after = own_pages_with(addr, NPAGES, PM_UFFD_WP);
-	rep.page1_wp_after = !!(own_pagemap_entry(page1) & PM_UFFD_WP);
+	rep.page1_wp_after = !!(pagemap_entry_fresh(page1) & PM_UFFD_WP);
 	write_full(fd, &rep, sizeof(rep));
 	_exit(0);
 }
@@ -458,13 +439,13 @@ struct cow_child_report {
 
 static void cow_child(char *addr, int to_parent, int from_parent)
 {
-	struct cow_child_report rep = { own_pagemap_entry(addr), addr[0] };
+	struct cow_child_report rep = { pagemap_entry_fresh(addr), addr[0] };
 	char go;
 
 	write_full(to_parent, &rep, sizeof(rep));
 	if (!read_full(from_parent, &go, 1, 2 * CHILD_MS))
 		_exit(2);
-	rep.entry = own_pagemap_entry(addr);
+	rep.entry = pagemap_entry_fresh(addr);
 	rep.val = *(volatile char *)addr;
 	write_full(to_parent, &rep, sizeof(rep));
 	_exit(0);

@@ -44,12 +44,6 @@
 #define QUIET_MS	300
 #define PFN_MASK	((1ULL << 55) - 1)
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 /* The content of the current case's pages: each case gets its own, so
  * that no stable-tree node of an earlier case's KSM page can match. */

@@ -35,12 +35,6 @@
 #define NODE_SYSFS	"/sys/devices/system/node/"
 #define FREE_HUGE	"/hugepages/hugepages-2048kB/free_hugepages"
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 
 enum kind { ANON, ANON_THP, SHMEM, HUGETLB };

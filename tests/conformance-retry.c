@@ -33,12 +33,6 @@
 #define QUIET_MS	300
 #define NR_WAKES	2
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 
 /*

@@ -36,12 +36,6 @@
 #define NR_PAGES	8
 #define QUIET_MS	300
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 
 enum kind { SHMEM_MEMFD, SHMEM_ANON, HUGETLB_MEMFD, HUGETLB_PRIVATE };

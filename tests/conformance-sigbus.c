@@ -33,20 +33,6 @@
 #define QUIET_MS	200
 #define STORE_OFFSET	0x123	/* where in a page the probe writes */
 
-/* Why the current case failed; because() records it and returns false. */
-static char why[512];
-
-static bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool because(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	return false;
-}
-
 /* One access by a thread of its own; what it saw. */
 struct probe {
 	pthread_t thread;
@@ -234,17 +220,7 @@ static bool writes_raise_sigbus(struct area *a)
 
 static bool no_message(struct area *a)
 {
-	struct uffd_msg msg;
-	int n = uffd_read_msg(a->uffd, &msg, QUIET_MS);
-
-	if (n < 0)
-		return because("reading the uffd: %s", strerror(-n));
-	if (n > 0)
-		return because("a message was queued: event %u flags %#llx addr "
-			       "%#llx", msg.event,
-			       (unsigned long long)msg.arg.pagefault.flags,
-			       (unsigned long long)msg.arg.pagefault.address);
-	return true;
+	return expect_quiet(a->uffd, QUIET_MS, "");
 }
 
 static bool data_and_protection_kept(struct area *a)

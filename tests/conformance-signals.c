@@ -39,24 +39,6 @@
 #define WAIT_MS		3000
 #define START_VALUE	41
 
-/*
- * pagemap_entry() keeps /proc/self/pagemap open, so in a forked child it
- * would read the parent's page table; this opens the caller's own.
- */
-static uint64_t fresh_pagemap_entry(void *addr)
-{
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-	uint64_t e = 0;
-
-	if (fd < 0)
-		return 0;
-	if (pread(fd, &e, sizeof(e), (uintptr_t)addr / page_size() * sizeof(e)) !=
-	    sizeof(e))
-		e = 0;
-	close(fd);
-	return e;
-}
-
 /* One populated, registered and write-protected anonymous page. */
 struct wp_page {
 	int uffd;
@@ -89,7 +71,7 @@ static int wp_page_setup(struct wp_page *p, char *why, size_t whylen)
 		snprintf(why, whylen, "register/protect: %s", strerror(-err));
 		return -1;
 	}
-	if (!(fresh_pagemap_entry(p->counter) & PM_UFFD_WP)) {
+	if (!(pagemap_entry_fresh(p->counter) & PM_UFFD_WP)) {
 		snprintf(why, whylen, "pagemap shows no uffd-wp bit after "
 			 "UFFDIO_WRITEPROTECT");
 		return -1;
@@ -235,7 +217,7 @@ static bool handled_signal_phase(struct wp_page *p, struct incrementer *t,
 		return false;
 	}
 	val = *(volatile int *)p->counter;
-	wp = fresh_pagemap_entry(p->counter) & PM_UFFD_WP;
+	wp = pagemap_entry_fresh(p->counter) & PM_UFFD_WP;
 	done = __atomic_load_n(&t->done, __ATOMIC_SEQ_CST);
 	if (done || val != START_VALUE || !wp || handler_saw != START_VALUE ||
 	    handler_tid != t->tid) {

@@ -33,12 +33,6 @@
 #define NR_PAGES	16
 #define QUIET_MS	300
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 
 /* NR_PAGES pages with a pattern, registered for WP but not protected. */
@@ -86,17 +80,6 @@ static bool swapped_not_wp(uint64_t e)
 static bool present_wp(uint64_t e)
 {
 	return (e & PM_PRESENT) && (e & PM_UFFD_WP);
-}
-
-/* Write VAL to page IDX of A expecting exactly one WP fault there. */
-static bool fault_page(struct wp_area *a, int idx, char val, char *why,
-		       size_t wlen)
-{
-	char *page = a->p + idx * psz;
-
-	a->expect[idx * psz] = val;
-	return wp_write_faults_once(a->uffd, page, val, page, page, psz,
-				    &a->leak, why, wlen);
 }
 
 /* Create, protect and page out an area; on failure the case is reported. */
@@ -196,7 +179,7 @@ static void test_write_after_swapin_faults(void)
 	if (!all_pages(&a, present_wp, "present with PM_UFFD_WP after reading",
 		       why, sizeof(why)))
 		goto out;
-	if (!fault_page(&a, 5, 'w', why, sizeof(why)))
+	if (!wp_area_fault_page(&a, 5, 'w', why, sizeof(why)))
 		goto out;
 	if (page_wp(a.p + 5 * psz))
 		FAIL("page 5 still PM_UFFD_WP after resolving");
@@ -236,7 +219,7 @@ static void test_protect_while_swapped(void)
 	if (!all_pages(&a, swapped_wp, "swapped out with PM_UFFD_WP", why,
 		       sizeof(why)))
 		goto out;
-	if (!fault_page(&a, 3, 'p', why, sizeof(why)))
+	if (!wp_area_fault_page(&a, 3, 'p', why, sizeof(why)))
 		goto out;
 	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:

@@ -33,12 +33,6 @@
 #define NR_SUBPAGES	512
 #define KHUGEPAGED	"/sys/kernel/mm/transparent_hugepage/khugepaged/"
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 
 /* A 2 MiB THP, its expected contents and (once armed) its userfaultfd. */

@@ -38,12 +38,6 @@
 #define MSG_WAIT_MS	3000
 #define QUIET_MS	300
 
-#define FAIL(...)						\
-	do {							\
-		snprintf(why, sizeof(why), __VA_ARGS__);	\
-		goto out;					\
-	} while (0)
-
 static long psz;
 
 /*
@@ -84,21 +78,6 @@ static bool write_page(struct wp_area *a, int idx, char val, int timeout_ms)
 }
 
 /*
- * Write VAL at the start of page IDX expecting exactly one WP write fault
- * there (not a MISSING one) while the writer blocks; resolve it by
- * unprotecting the page.
- */
-static bool fault_page(struct wp_area *a, int idx, char val, char *why,
-		       size_t wlen)
-{
-	char *page = a->p + idx * psz;
-
-	a->expect[idx * psz] = val;
-	return wp_write_faults_once(a->uffd, page, val, page, page, psz,
-				    &a->leak, why, wlen);
-}
-
-/*
  * unpopulated-write-wp-fault: with WP_UNPOPULATED, protecting untouched
  * pages marks them PM_UFFD_WP (not present); a write to one is a WP fault
  * at that page, and the resolved write lands on a zeroed page.
@@ -117,7 +96,7 @@ static void test_unpopulated_write_wp_fault(void)
 	n = pages_matching(a.p, a.len, PM_UFFD_WP, PM_PRESENT);
 	if (n != NR_PAGES)
 		FAIL("%zu of %d untouched pages marked PM_UFFD_WP", n, NR_PAGES);
-	if (!fault_page(&a, 3, 'u', why, sizeof(why)))
+	if (!wp_area_fault_page(&a, 3, 'u', why, sizeof(why)))
 		goto out;
 	n = pages_matching(a.p, a.len, PM_UFFD_WP, 0);
 	if (n != NR_PAGES - 1)
@@ -186,7 +165,7 @@ static void test_unpopulated_read_keeps_wp(void)
 	if (!(e & PM_PRESENT) || !(e & PM_UFFD_WP))
 		FAIL("after the read: pagemap %#llx, want present and PM_UFFD_WP",
 		     (unsigned long long)e);
-	if (!fault_page(&a, 2, 'r', why, sizeof(why)))
+	if (!wp_area_fault_page(&a, 2, 'r', why, sizeof(why)))
 		goto out;
 	ok = wp_area_data_ok(&a, why, sizeof(why));
 out:

@@ -44,29 +44,6 @@
 #define QUIET_MS	200	/* how long "nothing happens" is watched */
 #define WP_WRITE	(UFFD_PAGEFAULT_FLAG_WP | UFFD_PAGEFAULT_FLAG_WRITE)
 
-/* Why the current case failed; because() records it and returns false. */
-static char why[512];
-
-static bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static bool because(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	return false;
-}
-
-/* Put PREFIX before the reason already recorded; returns false. */
-static bool because_with(const char *prefix)
-{
-	char reason[sizeof(why)];
-
-	memcpy(reason, why, sizeof(reason));
-	return because("%s: %s", prefix, reason);
-}
-
 /* A registered area of private anonymous pages, each filled with a pattern. */
 struct area {
 	int uffd;
@@ -110,18 +87,7 @@ static bool area_setup(struct area *a, int npages, uint64_t mode)
 /* Protect pages [first, first + n) and check pagemap agrees. */
 static bool protect(struct area *a, int first, int n)
 {
-	int err = uffd_wp(a->uffd, page_at(a, first), n * page_size(),
-			  UFFDIO_WRITEPROTECT_MODE_WP);
-	size_t got;
-
-	if (err)
-		return because("UFFDIO_WRITEPROTECT(MODE_WP) pages %d+%d: %s",
-			       first, n, strerror(-err));
-	got = pages_with(page_at(a, first), n * page_size(), PM_UFFD_WP);
-	if (got != (size_t)n)
-		return because("after MODE_WP %zu of %d pages have PM_UFFD_WP",
-			       got, n);
-	return true;
+	return protect_checked(a->uffd, page_at(a, first), n * page_size());
 }
 
 static void area_teardown(struct area *a)
@@ -139,51 +105,19 @@ static void area_teardown(struct area *a)
  */
 static void writer_release(struct area *a, struct writer *w)
 {
-	uffd_wp(a->uffd, a->base, a->len, 0);
-	uffd_wake(a->uffd, a->base, a->len);
-	if (!writer_joined(w, FAULT_WAIT_MS)) {
-		tap_diag("a writer thread is stuck; leaking its mapping");
-		a->stuck = true;
-	}
+	writer_release_wake(w, a->uffd, a->base, a->len, FAULT_WAIT_MS,
+			    &a->stuck);
 }
 
 /* Read one message and require a WP write fault at page I. */
 static bool expect_wp_fault(struct area *a, int i)
 {
-	struct uffd_msg msg;
-	int n = uffd_read_msg(a->uffd, &msg, FAULT_WAIT_MS);
-
-	if (n < 0)
-		return because("reading the uffd: %s", strerror(-n));
-	if (n == 0)
-		return because("no message within %d ms for the write to page %d",
-			       FAULT_WAIT_MS, i);
-	if (msg.event != UFFD_EVENT_PAGEFAULT)
-		return because("page %d: event %u, want PAGEFAULT", i, msg.event);
-	if (msg.arg.pagefault.address != (uintptr_t)page_at(a, i))
-		return because("fault at %#llx, want page %d at %p",
-			       (unsigned long long)msg.arg.pagefault.address, i,
-			       (void *)page_at(a, i));
-	if (msg.arg.pagefault.flags != WP_WRITE)
-		return because("page %d: flags %#llx, want WP|WRITE %#x", i,
-			       (unsigned long long)msg.arg.pagefault.flags,
-			       WP_WRITE);
-	return true;
+	return expect_fault(a->uffd, page_at(a, i), WP_WRITE, FAULT_WAIT_MS);
 }
 
 static bool expect_no_message(struct area *a, const char *when)
 {
-	struct uffd_msg msg;
-	int n = uffd_read_msg(a->uffd, &msg, QUIET_MS);
-
-	if (n < 0)
-		return because("reading the uffd %s: %s", when, strerror(-n));
-	if (n > 0)
-		return because("unexpected message %s: event %u flags %#llx "
-			       "addr %#llx", when, msg.event,
-			       (unsigned long long)msg.arg.pagefault.flags,
-			       (unsigned long long)msg.arg.pagefault.address);
-	return true;
+	return expect_quiet(a->uffd, QUIET_MS, when);
 }
 
 /* Page I holds the pattern, with byte 0 replaced by VAL if WRITTEN. */

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tap.h"
 #include "uffd_util.h"
 /* Host builds (-Ilib) on headers older than 6.7: PAGEMAP_SCAN as the
  * library has it, so that the helpers see what the library sees. */
@@ -208,6 +210,20 @@ uint64_t pagemap_entry(void *addr)
 	return e;
 }
 
+uint64_t pagemap_entry_fresh(void *addr)
+{
+	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	uint64_t e = 0;
+
+	if (fd < 0)
+		return 0;
+	if (pread(fd, &e, sizeof(e), (uintptr_t)addr / page_size() * sizeof(e)) !=
+	    sizeof(e))
+		e = 0;
+	close(fd);
+	return e;
+}
+
 bool page_wp(void *addr)
 {
 	return pagemap_entry(addr) & PM_UFFD_WP;
@@ -389,6 +405,106 @@ void resolver_stop(struct resolver *r)
 {
 	r->stop = 1;
 	pthread_join(r->thread, NULL);
+}
+
+char why[512];
+
+bool because(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	return false;
+}
+
+bool because_with(const char *prefix)
+{
+	char reason[sizeof(why)];
+
+	memcpy(reason, why, sizeof(reason));
+	return because("%s: %s", prefix, reason);
+}
+
+const char *uffd_event_name(unsigned int event)
+{
+	switch (event) {
+	case UFFD_EVENT_PAGEFAULT:	return "PAGEFAULT";
+	case UFFD_EVENT_FORK:		return "FORK";
+	case UFFD_EVENT_REMAP:		return "REMAP";
+	case UFFD_EVENT_REMOVE:		return "REMOVE";
+	case UFFD_EVENT_UNMAP:		return "UNMAP";
+	default:			return "unknown";
+	}
+}
+
+bool expect_fault(int uffd, const void *addr, uint64_t flags, int timeout_ms)
+{
+	struct uffd_msg msg;
+	int n = uffd_read_msg(uffd, &msg, timeout_ms);
+
+	if (n < 0)
+		return because("reading the uffd: %s", strerror(-n));
+	if (n == 0)
+		return because("no message within %d ms (want a fault at %p "
+			       "flags %#llx)", timeout_ms, addr,
+			       (unsigned long long)flags);
+	if (msg.event != UFFD_EVENT_PAGEFAULT)
+		return because("event %s, want PAGEFAULT at %p",
+			       uffd_event_name(msg.event), addr);
+	if (msg.arg.pagefault.address != (uintptr_t)addr)
+		return because("fault at %#llx, want %p",
+			       (unsigned long long)msg.arg.pagefault.address,
+			       addr);
+	if (msg.arg.pagefault.flags != flags)
+		return because("fault at %p: flags %#llx, want %#llx", addr,
+			       (unsigned long long)msg.arg.pagefault.flags,
+			       (unsigned long long)flags);
+	return true;
+}
+
+bool expect_quiet(int uffd, int quiet_ms, const char *when)
+{
+	struct uffd_msg msg;
+	int n = uffd_read_msg(uffd, &msg, quiet_ms);
+
+	if (n < 0)
+		return because("reading the uffd%s%s: %s", *when ? " " : "",
+			       when, strerror(-n));
+	if (n > 0)
+		return because("unexpected %s message%s%s: flags %#llx addr "
+			       "%#llx", uffd_event_name(msg.event),
+			       *when ? " " : "", when,
+			       (unsigned long long)msg.arg.pagefault.flags,
+			       (unsigned long long)msg.arg.pagefault.address);
+	return true;
+}
+
+bool protect_checked(int uffd, void *p, size_t len)
+{
+	int err = uffd_wp(uffd, p, len, UFFDIO_WRITEPROTECT_MODE_WP);
+	size_t want = len / page_size(), got;
+
+	if (err)
+		return because("UFFDIO_WRITEPROTECT(MODE_WP) %p+%#zx: %s", p,
+			       len, strerror(-err));
+	got = pages_with(p, len, PM_UFFD_WP);
+	if (got != want)
+		return because("after MODE_WP %zu of %zu pages have PM_UFFD_WP",
+			       got, want);
+	return true;
+}
+
+void writer_release_wake(struct writer *w, int uffd, void *p, size_t len,
+			 int timeout_ms, bool *stuck)
+{
+	uffd_wp(uffd, p, len, 0);
+	uffd_wake(uffd, p, len);
+	if (!writer_joined(w, timeout_ms)) {
+		tap_diag("a writer thread is stuck; leaking its mapping");
+		*stuck = true;
+	}
 }
 
 static void on_alarm(int sig)

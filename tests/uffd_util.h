@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/mman.h>
 
 /* /proc/pid/pagemap bits (Documentation/admin-guide/mm/pagemap.rst). */
@@ -61,6 +62,9 @@ int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms);
 
 /* The pagemap entry of ADDR in this process, or 0 with errno set. */
 uint64_t pagemap_entry(void *addr);
+/* The same through a descriptor of its own, opened and closed here: for a
+ * forked child, or a signal handler (async-signal-safe). */
+uint64_t pagemap_entry_fresh(void *addr);
 bool page_wp(void *addr);
 /* Pages in [addr, addr + len) whose pagemap entry has every bit of MASK. */
 size_t pages_with(void *addr, size_t len, uint64_t mask);
@@ -123,6 +127,41 @@ long first_diff(const char *a, const char *b, size_t len);
 /* Run the calling thread on CPU 0 only: 0 or -errno.  MADV_PAGEOUT and
  * move_pages() see every page once the LRU batches of one CPU drain. */
 int pin_to_cpu0(void);
+
+/*
+ * The shapes the conformance suites share.  A check returns
+ * because("...") (printf-like: the reason goes to WHY, the call returns
+ * false), and the case reports tap_check(ok, name, "%s", why).
+ */
+extern char why[512];
+bool because(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Put PREFIX before the reason already in WHY; returns false. */
+bool because_with(const char *prefix);
+/* In a case with a WHY buffer (its own or the one above) and an "out:"
+ * label: record the reason and go there. */
+#define FAIL(...)						\
+	do {							\
+		snprintf(why, sizeof(why), __VA_ARGS__);	\
+		goto out;					\
+	} while (0)
+/* "PAGEFAULT", "FORK", "REMAP", "REMOVE", "UNMAP" or "unknown". */
+const char *uffd_event_name(unsigned int event);
+/* One message within TIMEOUT_MS, and it is a PAGEFAULT at ADDR with exactly
+ * FLAGS; else because() says what came instead. */
+bool expect_fault(int uffd, const void *addr, uint64_t flags, int timeout_ms);
+/* No message within QUIET_MS; else because(), naming WHEN ("" for none). */
+bool expect_quiet(int uffd, int quiet_ms, const char *when);
+/* Write-protect [P, P + LEN) and check that pagemap shows every page of it
+ * PM_UFFD_WP; else because(). */
+bool protect_checked(int uffd, void *p, size_t len);
+/*
+ * Let writer W, which may be blocked in a fault on [P, P + LEN), go:
+ * unprotect the range (mode 0 wakes), wake it, and wait TIMEOUT_MS.  If it
+ * still has not finished, *STUCK is set (the range must never be unmapped
+ * under it) and a diagnostic says so.
+ */
+void writer_release_wake(struct writer *w, int uffd, void *p, size_t len,
+			 int timeout_ms, bool *stuck);
 
 /* Kill the process with a failure line if it runs longer than SECONDS. */
 void watchdog(int seconds);

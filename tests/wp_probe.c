@@ -249,3 +249,14 @@ bool wp_write_no_fault(int uffd, char *addr, char val, bool *stuck,
 	}
 	return true;
 }
+
+bool wp_area_fault_page(struct wp_area *a, int idx, char val, char *why,
+			size_t wlen)
+{
+	size_t psz = (size_t)page_size();
+	char *page = a->p + idx * psz;
+
+	a->expect[idx * psz] = val;
+	return wp_write_faults_once(a->uffd, page, val, page, page, psz,
+				    &a->leak, why, wlen);
+}

@@ -56,6 +56,11 @@ int wp_area_arm(struct wp_area *a, uint64_t features, bool protect,
 		char *why, size_t wlen);
 /* Close the uffd, free EXPECT and unmap the area unless it is leaked. */
 void wp_area_destroy(struct wp_area *a);
+/* Write VAL to byte 0 of page IDX of A (A->expect follows) through exactly
+ * one uffd-wp fault at that page, resolved by unprotecting it
+ * (wp_write_faults_once()).  True if so, else false with WHY. */
+bool wp_area_fault_page(struct wp_area *a, int idx, char val, char *why,
+			size_t wlen);
 /* True if A holds A->expect; else false, WHY naming the first bad byte. */
 bool wp_area_data_ok(const struct wp_area *a, char *why, size_t wlen);
 
