@@ -56,8 +56,10 @@ check-fresh:
 deb:
 	@scripts/deb.sh
 
-## demo: boot the patched kernel and run `uffdwp demo` (a live snapshot of a
-##       busy arena without fork, verified record by record)
+## demo: boot the patched kernel and run `uffdwp demo`: fork and libuffdwp
+##       snapshot a busy arena side by side (pause, extra memory, worst
+##       write), then pre-copy and a session's delta, each verified record by
+##       record; the kernel console goes to build/results/LANE-demo-uffdwp.console
 demo:
 	@scripts/deps.sh
 	@scripts/lane.sh demo $(LANE)

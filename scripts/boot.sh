@@ -4,7 +4,9 @@
 # and reserved huge pages; write the serial console to CONSOLE_LOG.  A guest
 # still running after TIMEOUT_S seconds is killed: a hung guest fails its
 # lane, it never hangs make.  Progress lines name each plan entry as it runs;
-# with VERBOSE=1 the whole console is shown instead.
+# with VERBOSE=1 the whole console is shown instead; with VERBOSE=2 only what
+# the entries print (make demo: no kernel messages, the console stays in
+# CONSOLE_LOG).
 . "$(dirname "$0")/lib.sh"
 load_lane "$1"
 obj=$2 initrd=$3 log=$4 tmo=$5 verbose=${6:-0}
@@ -30,6 +32,15 @@ set +e
 timeout --kill-after=5 "$tmo" "${qemu[@]}" </dev/null 2>&1 | tee "$log" | {
 	if [ "$verbose" = 1 ]; then
 		sed -u -e '/^@@O /s/^@@O //' -e '/^@@BEGIN /d;/^@@END /d;/^@@DONE/d;/^@@BOOT/d'
+	elif [ "$verbose" = 2 ]; then
+		while IFS= read -r line; do
+			line=${line%$'\r'}
+			case "$line" in
+			@@BOOT*) step "boot $LANE: guest up (${line#@@BOOT })" ;;
+			@@O\ *) printf '%s\n' "${line#@@O }" ;;
+			@@O) echo ;;
+			esac
+		done
 	else
 		while IFS= read -r line; do
 			case "$line" in

@@ -4,7 +4,9 @@
 # lane.sh run LANE PROG [ARGS]  boot LANE with PROG (a static binary) as the
 #                               only test; exit with PROG's status
 #                               (RUN_EXTRA: more static binaries for /bin)
-# lane.sh demo LANE [ARGS]      boot LANE and run `uffdwp demo ARGS`, console on screen
+# lane.sh demo LANE [ARGS]      boot LANE and run `uffdwp demo ARGS`: its output on
+#                               screen, the kernel console in
+#                               build/results/LANE-demo-uffdwp.console
 # lane.sh clients LANE          the clients step (docs/clients.md): Debian's
 #                               QEMU packed in (scripts/pack-qemu.sh), the
 #                               lane's CLIENTS_PLAN (default clients) run
@@ -132,8 +134,14 @@ run | demo)
 	# shellcheck disable=SC2086 # RUN_EXTRA is a list of paths
 	"$TOP/scripts/initramfs.sh" "$tmp/guest" "$tmp/plan" "$initrd" "$prog" ${RUN_EXTRA:-}
 	console=$results/$lane-$mode-$name.console
+	# The demo shows only its own output; the kernel's goes to CONSOLE.
+	show=1
+	if [ "$mode" = demo ]; then
+		show=2
+		step "demo: the kernel console goes to ${console#"$TOP"/}"
+	fi
 	"$TOP/scripts/boot.sh" "$lane" "$obj" "$initrd" "$console" \
-		"$((${RUN_TIMEOUT_S:-600} + ${BOOT_MARGIN_S:-120}))" 1
+		"$((${RUN_TIMEOUT_S:-600} + ${BOOT_MARGIN_S:-120}))" "$show"
 	end=$(grep -a "^@@END run/$name " "$console" | tail -1 || true)
 	if ! "$TOP/scripts/collect.py" --splats "$console" >"$tmp/splats"; then
 		step "warning: kernel reports in the console ($console):"

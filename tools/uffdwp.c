@@ -8,15 +8,19 @@
  *   uffdwp restore --out IMAGE BASE [DELTA...]
  *
  * demo: N writer threads keep updating versioned records in an arena while
- * a snapshot is taken with libuffdwp and streamed to FILE; the file is then
- * checked record by record against the snapshot instant (see
- * workload/workload.h).  Progress is printed every 2 s.  The writers stop
- * --write-s seconds after the snapshot instant (default 20, 0: they run
- * until the copy is done) so a slow guest still finishes; the copy and the
- * check are the same either way.  Then a session (a base, and a delta after
- * 1% was written) and, where the kernel has UFFDIO_SET_MODE, a base taken
- * with pre-copy (uffdwp_session_precopy()), each checked the same way.  Exit 0 only if it verified; 1 if not; 2
- * on bad arguments.
+ * a snapshot is taken with fork() (the child writes FILE.fork) and then
+ * one with libuffdwp streamed to FILE, three rounds of each; each file is
+ * checked record by record against its snapshot instant (see
+ * workload/workload.c), and the two are compared by their medians: pause,
+ * extra memory, worst write.  Progress is
+ * printed every 2 s.  The writers stop --write-s seconds after the
+ * libuffdwp snapshot's instant (default 20, 0: they run until the copy is
+ * done) so a slow guest still finishes; the copy and the check are the
+ * same either way.  Then, where the kernel has
+ * UFFDIO_SET_MODE, a base taken with pre-copy (uffdwp_session_precopy()),
+ * and a session (a base, and a delta after 1% was written), each checked
+ * the same way.  The last line names the files and how to restore one.
+ * Exit 0 only if everything verified; 1 if not; 2 on bad arguments.
  *
  * restore: rebuild the memory image a session's snapshot files describe
  * (the regions one after the other, in address order) from a base and its
@@ -66,7 +70,9 @@ static int help(const char *cmd)
 	else if (!strcmp(cmd, "demo"))
 		printf(USAGE_DEMO
 		       "Snapshot an arena of versioned records while writer threads update\n"
-		       "it, then check the file record by record against the snapshot\n"
+		       "it, with fork() and with libuffdwp side by side (pause, extra\n"
+		       "memory, worst write), then a pre-copied base and a session's base\n"
+		       "and delta; each file is checked record by record against its\n"
 		       "instant.  --size-mib: arena size (64); --threads: writers (2);\n"
 		       "--out: snapshot file (/tmp/uffdwp-demo.snap); --cap-mib: side\n"
 		       "buffer cap (16); --write-s: stop writers this long after the\n"
@@ -179,21 +185,26 @@ static int demo_session(struct wl *wl, const char *out)
 	       delta.pause_us, base.pause_us > 0 ? 100 * delta.pause_us / base.pause_us : 0,
 	       delta.total_ms, base.total_ms > 0 ? 100 * delta.total_ms / base.total_ms : 0,
 	       dpath);
-	if (base.verified && delta.verified) {
-		printf("verdict: VERIFIED - the base, and base + deltas, are the arena at their instants\n");
-		return 0;
-	}
-	printf("verdict: FAILED - %s\n", base.verified ? delta.why : base.why);
-	return 1;
+	if (base.verified)
+		printf("verdict (base):  VERIFIED - the base is the arena at its instant\n");
+	else
+		printf("verdict (base):  FAILED - %s\n", base.why);
+	if (delta.verified)
+		printf("verdict (delta): VERIFIED - base + deltas are the arena at the delta's instant\n");
+	else
+		printf("verdict (delta): FAILED - %s\n", delta.why);
+	return base.verified && delta.verified ? 0 : 1;
 }
 
 /*
  * The pre-copy part of the demo: a base taken with pre-copy rounds while
  * the writers run paced (8 updates per ms each), checked; its pause next
- * to the first snapshot's (PAUSE_US).  Returns 0 when verified or when
- * the kernel cannot pre-copy (said so).
+ * to the median ones of the libuffdwp snapshots (PAUSE_US) and of fork
+ * (FORK_PAUSE_US).  Returns 0 when verified or when the kernel cannot
+ * pre-copy (said so).
  */
-static int demo_precopy(struct wl *wl, const char *out, double pause_us)
+static int demo_precopy(struct wl *wl, const char *out, double pause_us,
+			double fork_pause_us)
 {
 	struct uffdwp_snapshot_stats st = { 0 };
 	struct uffdwp_features f;
@@ -227,23 +238,78 @@ static int demo_precopy(struct wl *wl, const char *out, double pause_us)
 	       (unsigned long long)st.precopy_pages,
 	       100.0 * (double)st.precopy_pages * (double)sysconf(_SC_PAGESIZE) /
 	       (double)wl->len, (unsigned long long)st.pages_copied);
-	printf("pre-copy: pause %.1f us (the first snapshot's: %.1f us, %.0fx), worst write %.1f us, total %.1f ms\n",
+	printf("pre-copy: pause %.1f us (the snapshots' median: %.1f us, %.1fx; fork's: %.1f us, %.1fx), worst write %.1f us, total %.1f ms\n",
 	       res.pause_us, pause_us,
-	       res.pause_us > 0 ? pause_us / res.pause_us : 0, res.max_us,
+	       res.pause_us > 0 ? pause_us / res.pause_us : 0, fork_pause_us,
+	       res.pause_us > 0 ? fork_pause_us / res.pause_us : 0, res.max_us,
 	       res.total_ms);
 	if (res.verified) {
-		printf("verdict: VERIFIED - the pre-copied base is the arena at its instant\n");
+		printf("verdict (pre-copied base): VERIFIED - the pre-copied base is the arena at its instant\n");
 		return 0;
 	}
-	printf("verdict: FAILED - %s\n", res.why);
+	printf("verdict (pre-copied base): FAILED - %s\n", res.why);
 	return 1;
+}
+
+/* How libuffdwp's U compares with fork's F, for the comparison table. */
+static const char *times(char *buf, size_t len, double f, double u)
+{
+	if (f > 0 && u > 0 && f >= u)
+		snprintf(buf, len, "libuffdwp %.1fx less", f / u);
+	else if (f > 0 && u > 0)
+		snprintf(buf, len, "libuffdwp %.1fx more", u / f);
+	else
+		snprintf(buf, len, "-");
+	return buf;
+}
+
+/* Rounds of fork and libuffdwp, taken in turn: the table shows medians. */
+#define DEMO_ROUNDS	3
+
+static double median3(double a, double b, double c)
+{
+	return a > b ? (b > c ? b : a > c ? c : a) : (a > c ? a : b > c ? c : b);
+}
+
+/* The median of field F over the three results R. */
+#define MED(r, f)	median3((r)[0].f, (r)[1].f, (r)[2].f)
+
+/*
+ * fork() beside libuffdwp: the same arena, the same writers, DEMO_ROUNDS
+ * snapshots each; the medians of the pause, the extra memory, the worst
+ * single write (the writers' longest update while the snapshot ran) and
+ * the total, and the verdicts (VERIFIED only if every round's file was
+ * the arena at its instant).
+ */
+static void demo_compare(const struct wl_result *f, const struct wl_result *u,
+			 bool f_ok, bool u_ok)
+{
+	char b[64];
+
+	printf("\n%-22s %14s %14s   (median of %d rounds each)\n", "",
+	       "fork()", "libuffdwp", DEMO_ROUNDS);
+	printf("%-22s %11.1f us %11.1f us   %s\n", "pause", MED(f, pause_us),
+	       MED(u, pause_us),
+	       times(b, sizeof(b), MED(f, pause_us), MED(u, pause_us)));
+	printf("%-22s %10.2f MiB %10.2f MiB   %s\n", "extra memory (peak)",
+	       MED(f, extra_mib), MED(u, extra_mib),
+	       times(b, sizeof(b), MED(f, extra_mib), MED(u, extra_mib)));
+	printf("%-22s %11.1f us %11.1f us   %s\n", "worst write",
+	       MED(f, max_us), MED(u, max_us),
+	       times(b, sizeof(b), MED(f, max_us), MED(u, max_us)));
+	printf("%-22s %11.1f ms %11.1f ms\n", "snapshot total",
+	       MED(f, total_ms), MED(u, total_ms));
+	printf("%-22s %14s %14s\n\n", "verdict", f_ok ? "VERIFIED" : "FAILED",
+	       u_ok ? "VERIFIED" : "FAILED");
 }
 
 static int cmd_demo(int argc, char **argv)
 {
 	long size_mib = 64, threads = 2, cap_mib = 16, write_s = 20;
 	const char *out = "/tmp/uffdwp-demo.snap";
-	struct wl_result res;
+	struct wl_result res, fres[DEMO_ROUNDS], ures[DEMO_ROUNDS];
+	bool fork_ok = true, uffdwp_ok = true;
+	char fork_path[PATH_MAX];
 	struct wl wl;
 	int err;
 
@@ -283,22 +349,54 @@ static int cmd_demo(int argc, char **argv)
 	wl.progress = stdout;
 	wl.progress_ms = 2000;
 	wl.write_ms = (unsigned int)write_s * 1000;
-	if (!err)
-		err = wl_start(&wl);
 	if (err) {
 		fprintf(stderr, "uffdwp demo: setting up the arena: %s\n",
 			strerror(-err));
 		wl_destroy(&wl);
 		return 1;
 	}
-	usleep(100000);		/* writers at full speed */
-	err = wl_snap_uffdwp(&wl, out, (size_t)cap_mib << 20, &res);
-	wl_stop(&wl);
-	if (err) {
-		fprintf(stderr, "uffdwp demo: snapshot: %s\n", strerror(-err));
-		wl_destroy(&wl);
-		return 1;
+	snprintf(fork_path, sizeof(fork_path), "%s.fork", out);
+	printf("%d rounds: fork (the child writes the arena to %s), then libuffdwp (to %s), the writers running\n",
+	       DEMO_ROUNDS, fork_path, out);
+	for (int r = 0; r < DEMO_ROUNDS; r++) {
+		/* Progress lines for the last libuffdwp round only. */
+		wl.progress = r == DEMO_ROUNDS - 1 ? stdout : NULL;
+		err = wl_start(&wl);
+		if (!err) {
+			usleep(100000);		/* writers at full speed */
+			err = wl_snap_fork(&wl, fork_path, &fres[r]);
+		}
+		wl_stop(&wl);
+		if (err) {
+			fprintf(stderr, "uffdwp demo: fork snapshot: %s\n",
+				strerror(-err));
+			wl_destroy(&wl);
+			return 1;
+		}
+		printf("round %d: fork      pause %10.1f us, extra %6.2f MiB, worst write %10.1f us: %s\n",
+		       r + 1, fres[r].pause_us, fres[r].extra_mib,
+		       fres[r].max_us, fres[r].verified ? "verified" : fres[r].why);
+		fork_ok &= fres[r].verified;
+		err = wl_start(&wl);
+		if (!err) {
+			usleep(100000);
+			err = wl_snap_uffdwp(&wl, out, (size_t)cap_mib << 20,
+					     &ures[r]);
+		}
+		wl_stop(&wl);
+		if (err) {
+			fprintf(stderr, "uffdwp demo: snapshot: %s\n",
+				strerror(-err));
+			wl_destroy(&wl);
+			return 1;
+		}
+		printf("round %d: libuffdwp pause %10.1f us, extra %6.2f MiB, worst write %10.1f us: %s\n",
+		       r + 1, ures[r].pause_us, ures[r].extra_mib,
+		       ures[r].max_us, ures[r].verified ? "verified" : ures[r].why);
+		uffdwp_ok &= ures[r].verified;
 	}
+	res = ures[DEMO_ROUNDS - 1];
+	printf("the last libuffdwp round in detail:\n");
 	printf("pause (protect phase):   %.1f us\n", res.pause_us);
 	printf("snapshot total:          %.1f ms (writers ran %.1f ms of it)\n",
 	       res.total_ms, res.write_ms);
@@ -320,11 +418,17 @@ static int cmd_demo(int argc, char **argv)
 		printf("verdict: VERIFIED - the file is the arena at the snapshot instant\n");
 	else
 		printf("verdict: FAILED - %s\n", res.why);
+	demo_compare(fres, ures, fork_ok, uffdwp_ok);
+	res.verified = fork_ok && uffdwp_ok;
+	if (res.verified && demo_precopy(&wl, out, MED(ures, pause_us),
+					 MED(fres, pause_us)))
+		res.verified = false;
 	if (res.verified && demo_session(&wl, out))
 		res.verified = false;
-	if (res.verified && demo_precopy(&wl, out, res.pause_us))
-		res.verified = false;
 	wl_destroy(&wl);
+	printf("files: %s (libuffdwp) and %s (fork) hold the raw arena; %s.precopy and %s.base are snapshot files "
+	       "(%s.delta follows a delta kept in memory); rebuild the arena from one: uffdwp restore --out /tmp/arena.img %s.base\n",
+	       out, fork_path, out, out, out, out);
 	return res.verified ? 0 : 1;
 }
 
