@@ -3,7 +3,7 @@
  * bench-snapshot: a live snapshot of a busy arena, by fork() and by
  * libuffdwp.
  *
- * Workload (workload/workload.h): writer threads keep rewriting versioned
+ * Workload (workload/workload.c): writer threads keep rewriting versioned
  * 256-byte records spread over the arena.  Each repetition snapshots the
  * arena to a file in /tmp, either by fork() (the child writes the arena out
  * while copy-on-write keeps its view frozen) or by uffdwp_snapshot_start()

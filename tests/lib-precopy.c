@@ -7,7 +7,7 @@
  *    is empty;
  *  - precopy-writers / -writers-thp: with writers running through the
  *    rounds, base = the memory at the instant, record by record
- *    (workload/workload.h), on 4 KiB pages and on PMD-mapped THPs;
+ *    (workload/workload.c), on 4 KiB pages and on PMD-mapped THPs;
  *  - precopy-overflow: the same with a ring far smaller than what the
  *    rounds see written (vm.uffd_ring_max_entries lowered), so that rounds
  *    and instant fall back to PAGEMAP_SCAN;

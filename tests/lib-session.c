@@ -6,7 +6,7 @@
  *    base + deltas load back byte for byte, into other memory or at the
  *    recorded addresses; a delta of nothing written stores no page;
  *  - with writers running, base + delta is the memory at the delta's
- *    instant (workload/workload.h's record check);
+ *    instant (workload/workload.c's record check);
  *  - a write during a delta's copy leaves the old contents in that delta
  *    and the new ones in the next, for a page of the delta (saved, or
  *    spilled into a pipe sink's memfd) and for a clean page alike;

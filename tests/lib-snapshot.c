@@ -4,7 +4,7 @@
  *  - the sink receives the regions' bytes in address order, whatever the
  *    order the regions were given in, to a callback or an fd;
  *  - under concurrent writers the copy is the memory at one instant
- *    (workload/workload.h's record check), and that check rejects a copy that
+ *    (workload/workload.c's record check), and that check rejects a copy that
  *    mixes two instants;
  *  - writes to pages the copier has not reached yet leave the old contents
  *    in the snapshot and the new ones in memory, with the side buffer never
