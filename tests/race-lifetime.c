@@ -327,7 +327,22 @@ static bool unregister_vs_refault(char *why)
 	return true;
 }
 
-static bool unregister_wp_only(char *why)
+/* Undo the WP registration of B's range (unregister or re-register). */
+static int unregister_all(struct blocked *b)
+{
+	return uffd_unregister(b->uffd, b->mem, NW * psz);
+}
+
+static int reregister_missing(struct blocked *b)
+{
+	return uffd_register(b->uffd, b->mem, NW * psz,
+			     UFFDIO_REGISTER_MODE_MISSING, NULL);
+}
+
+/* Writers blocked in WP faults of a WP-only range must run on once UNDO
+ * (named WHAT) has taken WP from it. */
+static bool wp_writers_run_on(char *why, int (*undo)(struct blocked *b),
+			      const char *what)
 {
 	for (int it = 0; it < ITERS; it++) {
 		struct blocked b = { .uffd = -1 };
@@ -335,14 +350,13 @@ static bool unregister_wp_only(char *why)
 		int err;
 
 		if (ok) {
-			err = uffd_unregister(b.uffd, b.mem, NW * psz);
+			err = undo(&b);
 			if (err)
-				ok = fail(why, "unregister: %s", strerror(-err));
+				ok = fail(why, "%s: %s", what, strerror(-err));
 			else if (!wait_all(b.w, NW, WAIT_MS))
 				ok = fail(why, "iteration %d: %d of %d writers "
-					  "still blocked after UNREGISTER of "
-					  "their WP-only range", it,
-					  NW - done_count(b.w, NW), NW);
+					  "still blocked after %s", it,
+					  NW - done_count(b.w, NW), NW, what);
 			else
 				ok = writes_visible(&b, why);
 		}
@@ -353,6 +367,12 @@ static bool unregister_wp_only(char *why)
 	return true;
 }
 
+static bool unregister_wp_only(char *why)
+{
+	return wp_writers_run_on(why, unregister_all,
+				 "UNREGISTER of their WP-only range");
+}
+
 /*
  * Writers blocked in WP faults run on once their range is registered again
  * without WP (MISSING only): the range keeps its context but loses
@@ -361,30 +381,9 @@ static bool unregister_wp_only(char *why)
  */
 static bool reregister_wakes_wp(char *why)
 {
-	for (int it = 0; it < ITERS; it++) {
-		struct blocked b = { .uffd = -1 };
-		bool ok = block_writers(&b, UFFDIO_REGISTER_MODE_WP, it, why);
-		int err;
-
-		if (ok) {
-			err = uffd_register(b.uffd, b.mem, NW * psz,
-					    UFFDIO_REGISTER_MODE_MISSING, NULL);
-			if (err)
-				ok = fail(why, "re-register: %s", strerror(-err));
-			else if (!wait_all(b.w, NW, WAIT_MS))
-				ok = fail(why, "iteration %d: %d of %d writers "
-					  "still blocked after their WP range "
-					  "was registered again for MISSING "
-					  "only", it,
-					  NW - done_count(b.w, NW), NW);
-			else
-				ok = writes_visible(&b, why);
-		}
-		unblock_and_free(&b);
-		if (!ok)
-			return false;
-	}
-	return true;
+	return wp_writers_run_on(why, reregister_missing,
+				 "their WP range was registered again for "
+				 "MISSING only");
 }
 
 /*
