@@ -8,18 +8,17 @@
  *   uffdwp restore --out IMAGE BASE [DELTA...]
  *
  * demo: N writer threads keep updating versioned records in an arena while
- * a snapshot is taken with fork() (the child writes FILE.fork) and then
- * one with libuffdwp streamed to FILE, three rounds of each; each file is
+ * a snapshot is taken with libuffdwp (streamed to FILE) and then one with
+ * fork() (the child writes FILE.fork), three rounds of each; each file is
  * checked record by record against its snapshot instant (see
  * workload/workload.c), and the two are compared by their medians: pause,
- * extra memory, worst write.  Progress is
- * printed every 2 s.  The writers stop --write-s seconds after the
- * libuffdwp snapshot's instant (default 20, 0: they run until the copy is
- * done) so a slow guest still finishes; the copy and the check are the
- * same either way.  Then, where the kernel has
- * UFFDIO_SET_MODE, a base taken with pre-copy (uffdwp_session_precopy()),
- * and a session (a base, and a delta after 1% was written), each checked
- * the same way.  The last line names the files and how to restore one.
+ * extra memory, worst write.  Progress is printed every 2 s.  The
+ * writers stop --write-s seconds after a libuffdwp snapshot's instant
+ * (default 20, 0: they run until the copy is done) so a slow guest still
+ * finishes; the copy and the check are the same either way.  Then, where
+ * the kernel has UFFDIO_SET_MODE, a base taken with pre-copy
+ * (uffdwp_session_precopy()), and a session (a base, and a delta after 1%
+ * was written), each checked the same way.  The last line names the files and how to restore one.
  * Exit 0 only if everything verified; 1 if not; 2 on bad arguments.
  *
  * restore: rebuild the memory image a session's snapshot files describe
@@ -356,30 +355,19 @@ static int cmd_demo(int argc, char **argv)
 		return 1;
 	}
 	snprintf(fork_path, sizeof(fork_path), "%s.fork", out);
-	printf("%d rounds: fork (the child writes the arena to %s), then libuffdwp (to %s), the writers running\n",
-	       DEMO_ROUNDS, fork_path, out);
+	printf("%d rounds: libuffdwp (to %s), then fork (the child writes the arena to %s), the writers running\n",
+	       DEMO_ROUNDS, out, fork_path);
 	for (int r = 0; r < DEMO_ROUNDS; r++) {
-		/* Progress lines for the last libuffdwp round only. */
-		wl.progress = r == DEMO_ROUNDS - 1 ? stdout : NULL;
+		/*
+		 * libuffdwp first: it keeps the arena's huge pages (a write
+		 * saves and unprotects a whole block), while fork()'s
+		 * copy-on-write splits them, so its first round is the one
+		 * on the huge-page arena, shown in detail (with progress).
+		 */
+		wl.progress = r == 0 ? stdout : NULL;
 		err = wl_start(&wl);
 		if (!err) {
 			usleep(100000);		/* writers at full speed */
-			err = wl_snap_fork(&wl, fork_path, &fres[r]);
-		}
-		wl_stop(&wl);
-		if (err) {
-			fprintf(stderr, "uffdwp demo: fork snapshot: %s\n",
-				strerror(-err));
-			wl_destroy(&wl);
-			return 1;
-		}
-		printf("round %d: fork      pause %10.1f us, extra %6.2f MiB, worst write %10.1f us: %s\n",
-		       r + 1, fres[r].pause_us, fres[r].extra_mib,
-		       fres[r].max_us, fres[r].verified ? "verified" : fres[r].why);
-		fork_ok &= fres[r].verified;
-		err = wl_start(&wl);
-		if (!err) {
-			usleep(100000);
 			err = wl_snap_uffdwp(&wl, out, (size_t)cap_mib << 20,
 					     &ures[r]);
 		}
@@ -394,9 +382,25 @@ static int cmd_demo(int argc, char **argv)
 		       r + 1, ures[r].pause_us, ures[r].extra_mib,
 		       ures[r].max_us, ures[r].verified ? "verified" : ures[r].why);
 		uffdwp_ok &= ures[r].verified;
+		err = wl_start(&wl);
+		if (!err) {
+			usleep(100000);
+			err = wl_snap_fork(&wl, fork_path, &fres[r]);
+		}
+		wl_stop(&wl);
+		if (err) {
+			fprintf(stderr, "uffdwp demo: fork snapshot: %s\n",
+				strerror(-err));
+			wl_destroy(&wl);
+			return 1;
+		}
+		printf("round %d: fork      pause %10.1f us, extra %6.2f MiB, worst write %10.1f us: %s\n",
+		       r + 1, fres[r].pause_us, fres[r].extra_mib,
+		       fres[r].max_us, fres[r].verified ? "verified" : fres[r].why);
+		fork_ok &= fres[r].verified;
 	}
-	res = ures[DEMO_ROUNDS - 1];
-	printf("the last libuffdwp round in detail:\n");
+	res = ures[0];
+	printf("the first libuffdwp round in detail:\n");
 	printf("pause (protect phase):   %.1f us\n", res.pause_us);
 	printf("snapshot total:          %.1f ms (writers ran %.1f ms of it)\n",
 	       res.total_ms, res.write_ms);
