@@ -230,27 +230,40 @@ static void *stamp_main(void *arg)
 	return NULL;
 }
 
-static void t_concurrent(enum uffdwp_backend b)
+/* A tracker of backend B over the zeroed area for case NAME, or NULL with
+ * the case reported (skipped: backend unavailable; failed: creation). */
+static struct uffdwp_tracker *case_tracker(const char *name,
+					   enum uffdwp_backend b)
 {
-	char name[64], why[256] = "", got[PAGES];
-	long seen[PAGES];
-	bool pend[PAGES] = { false };
-	struct uffdwp_tracker *t = NULL;
 	struct uffdwp_region r = { area, PAGES * psz };
-	struct stamper s = { 0 };
+	struct uffdwp_tracker *t = NULL;
 	int err = uffdwp_backend_available(b);
 
-	snprintf(name, sizeof(name), "tracker-concurrent-%s", uffdwp_backend_name(b));
 	if (err) {
 		tap_skip(name, "backend unavailable: %s", strerror(-err));
-		return;
+		return NULL;
 	}
 	memset(area, 0, PAGES * psz);
 	err = uffdwp_tracker_new(&t, &r, 1, b);
 	if (err) {
 		tap_fail(name, "tracker_new: %s", strerror(-err));
-		return;
+		return NULL;
 	}
+	return t;
+}
+
+static void t_concurrent(enum uffdwp_backend b)
+{
+	char name[64], why[256] = "", got[PAGES];
+	long seen[PAGES];
+	bool pend[PAGES] = { false };
+	struct uffdwp_tracker *t;
+	struct stamper s = { 0 };
+
+	snprintf(name, sizeof(name), "tracker-concurrent-%s", uffdwp_backend_name(b));
+	t = case_tracker(name, b);
+	if (!t)
+		return;
 	for (int i = 0; i < PAGES; i++)
 		seen[i] = 0;
 	pthread_create(&s.th, NULL, stamp_main, &s);
@@ -297,24 +310,15 @@ static void t_concurrent(enum uffdwp_backend b)
 static void t_round_ends(enum uffdwp_backend b)
 {
 	char name[64], why[160] = "";
-	struct uffdwp_tracker *t = NULL;
-	struct uffdwp_region r = { area, PAGES * psz };
+	struct uffdwp_tracker *t;
 	struct stamper s = { 0 };
-	int err = uffdwp_backend_available(b);
 	long calls = 0;
 
 	snprintf(name, sizeof(name), "tracker-round-ends-with-writers-%s",
 		 uffdwp_backend_name(b));
-	if (err) {
-		tap_skip(name, "backend unavailable: %s", strerror(-err));
+	t = case_tracker(name, b);
+	if (!t)
 		return;
-	}
-	memset(area, 0, PAGES * psz);
-	err = uffdwp_tracker_new(&t, &r, 1, b);
-	if (err) {
-		tap_fail(name, "tracker_new: %s", strerror(-err));
-		return;
-	}
 	pthread_create(&s.th, NULL, stamp_main, &s);
 	/* The writer must be writing before the rounds start. */
 	for (int i = 0; i < 2000 && s.rounds < 1000; i++)
