@@ -617,9 +617,9 @@ struct uffdwp_tracker;
  *             for snapshots); (soft-dirty, mprotect) a region whose pages
  *             have different protections;
  *   -EFAULT   part of a region is not mapped;
- *   -EDEADLK  (soft-dirty, mprotect) a region holds the calling thread's
- *             stack or thread-local storage, which their SIGSEGV handler
- *             needs writable;
+ *   -EDEADLK  (soft-dirty, mprotect) a region holds a thread's stack or
+ *             the calling thread's thread-local storage, which their
+ *             SIGSEGV handler needs writable;
  *   -EOPNOTSUPP  the backend (for AUTO: every backend) is unavailable on
  *             this kernel;
  *   -EBUSY    a soft-dirty tracker exists already / region registered;
@@ -648,7 +648,11 @@ enum uffdwp_backend uffdwp_tracker_backend(const struct uffdwp_tracker *t);
  * then either in what you read or reported by the next call.
  * Returns the count or -EINVAL (NULL T, NULL PAGES with MAX > 0),
  * -ECHILD (in a child of fork(): the copy is inert, and its free
- * releases only the child's copies), or an error from the kernel.
+ * releases only the child's copies), -ESTALE (soft-dirty, mprotect: the
+ * program changed a region's protection, or unmapped or mapped over it;
+ * every page of that region is reported from the next call on, and its
+ * protection is left to the program: uffdwp_tracker_new(3)), or an
+ * error from the kernel.
  * Thread safety: one collector at a time per tracker; writers may run.
  */
 ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,

@@ -155,6 +155,17 @@ struct uffdwp_tracker {
 	_Atomic uint64_t *faulted;	/* mprotect: set by SIGSEGV handler */
 	int *prot;			/* mprotect: each region's protection */
 	int slot;			/* mprotect: handler table slot */
+	/* mprotect and soft-dirty: a region whose protection the program
+	 * changed (tracker_mprotect.c): untouched from then on, every page
+	 * reported by every collect; TOLD: -ESTALE returned for it. */
+	_Atomic bool *stale;
+	bool *stale_told;
+	size_t stale_len;
+	/* mprotect: claims in flight by epoch parity, and the pages a
+	 * gather makes read-only again */
+	atomic_uint claim_epoch;
+	atomic_int claiming[2];
+	_Atomic uint64_t *rearm;
 	/* mprotect and soft-dirty (tracker_mprotect.c, tracker.c) */
 	atomic_int hold;		/* soft-dirty: writers wait in the handler */
 	_Atomic uint64_t *mapped;	/* page not none at the last pagemap pass */
@@ -191,6 +202,10 @@ bool uw_segv_overlaps(const struct uffdwp_tracker *t);
  * protections back in the child's memory, without a lock or a wait. */
 void uw_segv_forget(struct uffdwp_tracker *t);
 void uw_segv_detach(struct uffdwp_tracker *t, bool restore);
+/* At the start of a gather: the regions' mappings against what T set; a
+ * region the program changed is stale (never touched again, every page
+ * pending in every round); -ESTALE the first time one is, else 0. */
+int uw_segv_check(struct uffdwp_tracker *t);
 int uw_segv_hold(struct uffdwp_tracker *t);
 int uw_segv_release(struct uffdwp_tracker *t);
 /* Pagemap passes (tracker.c): open /proc/self/pagemap and the state

@@ -207,6 +207,7 @@ static void tracker_forget(struct uffdwp_tracker *t)
 	uw_free(t->vec, t->vec_len * sizeof(*t->vec));
 	t->vec = NULL;
 	uw_free(t->faulted, t->words * 8);
+	uw_free(t->rearm, t->words * 8);
 	uw_pagemap_close(t);
 	uw_free(t->pending, t->words * 8);
 	uw_regions_fini(&t->rs);

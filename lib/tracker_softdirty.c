@@ -74,6 +74,10 @@ static int sd_start(struct uffdwp_tracker *t)
 
 static int sd_gather(struct uffdwp_tracker *t)
 {
+	/* Before the hold: between collects the regions have their own
+	 * protection, which the release would otherwise put back over
+	 * the program's. */
+	int stale = uw_segv_check(t);
 	int err = uw_segv_hold(t), err2;
 
 	if (!err)
@@ -81,7 +85,7 @@ static int sd_gather(struct uffdwp_tracker *t)
 	if (!err)
 		err = uw_clear_refs_soft_dirty();
 	err2 = uw_segv_release(t);
-	return err ? err : err2;
+	return err ? err : err2 ? err2 : stale;
 }
 
 static void sd_stop(struct uffdwp_tracker *t)

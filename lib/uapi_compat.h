@@ -116,4 +116,32 @@ struct uffdio_set_mode {
 #define UFFD_RING_ENTRY_ADDR_MASK (~0xfffULL)
 #endif
 
+/* PROCMAP_QUERY (6.11): the VMA at or after an address, from an fd of
+ * /proc/<pid>/maps; a kernel without it says ENOTTY. */
+#ifndef PROCMAP_QUERY
+struct procmap_query {
+	__u64 size;
+	__u64 query_flags;
+	__u64 query_addr;
+	__u64 vma_start;
+	__u64 vma_end;
+	__u64 vma_flags;
+	__u64 vma_page_size;
+	__u64 vma_offset;
+	__u64 inode;
+	__u32 dev_major;
+	__u32 dev_minor;
+	__u32 vma_name_size;
+	__u32 build_id_size;
+	__u64 vma_name_addr;
+	__u64 build_id_addr;
+};
+#define PROCMAP_QUERY	_IOWR('f', 17, struct procmap_query)
+#define PROCMAP_QUERY_VMA_READABLE		0x01
+#define PROCMAP_QUERY_VMA_WRITABLE		0x02
+#define PROCMAP_QUERY_VMA_EXECUTABLE		0x04
+#define PROCMAP_QUERY_VMA_SHARED		0x08
+#define PROCMAP_QUERY_COVERING_OR_NEXT_VMA	0x10
+#endif
+
 #endif
