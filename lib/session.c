@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -88,7 +89,6 @@ int uw_session_check_replaced(struct uffdwp_snapshot *s)
 {
 	size_t psz = uw_page_size(), found = 0;
 	uint64_t *e;
-	bool anon;
 	int err = 0;
 
 	if (s->pagemap_fd < 0)
@@ -128,6 +128,17 @@ int uw_session_check_replaced(struct uffdwp_snapshot *s)
 	uw_free(e, PM_BATCH * 8);
 	if (err || !found)
 		return err;
+	return uw_session_reregister(s);
+}
+
+/* After memory was replaced: -EFAULT/-EINVAL when a region is unmapped
+ * or of another kind now, else the regions registered again (a no-op
+ * where they still are) so that the new memory can be protected. */
+int uw_session_reregister(struct uffdwp_snapshot *s)
+{
+	bool anon;
+	int err;
+
 	/* Unmapped (pagemap reads a hole as empty) or of another kind now. */
 	err = uw_regions_check_maps(&s->rs, &anon);
 	for (size_t i = 0; i < s->rs.nr && !err; i++) {
@@ -139,6 +150,57 @@ int uw_session_check_replaced(struct uffdwp_snapshot *s)
 
 		err = uw_snap_ioctl(s, UFFDIO_REGISTER, &r);
 	}
+	return err;
+}
+
+/*
+ * Where the kernel has UFFD_EVENT_UNMAP and UFFD_EVENT_REMAP, a session
+ * asks for them and learns of replaced memory from them instead of the
+ * pagemap pass above: the pause then costs nothing for it.  They are
+ * exact: munmap(), mmap() over a region and mremap() raise the context's
+ * mmap_changing before they change anything and keep it raised until
+ * their event has been read (the caller waits), and while it is raised
+ * UFFDIO_WRITEPROTECT says -EAGAIN, on which uw_snap_wp() reads every
+ * queued message (handle_replaced() marks the pages dirty).  So the
+ * instant, under the instant lock, first protects one page that is
+ * protected anyway (the first of the first region, or its 2 MiB block
+ * when that is PMD-mapped: a written page is in the set and protected in
+ * this pause too): once that succeeds, every
+ * replacement begun before it is in the dirty bitmap.  One begun later
+ * makes one of the pause's protect calls, or the same probe at its end,
+ * read its event: then the set is taken again (sync_events() says so).
+ * Pages that lose their protection without an event (KSM merging them,
+ * on a kernel without this series' patch 1) still need the pagemap pass:
+ * it runs, in the pause as before, while KSM runs.
+ */
+static int probe_events(struct uffdwp_snapshot *s)
+{
+	/* All of a PMD-mapped block: protecting part of it would split it. */
+	size_t len = s->huge && uw_bit_test(s->huge, 0) ? UW_HPAGE_SIZE :
+		     uw_page_size();
+
+	return uw_snap_wp(s, (uintptr_t)s->rs.r[0].addr, len, true, false);
+}
+
+/* Before the set is taken: the replacements so far in the bitmap. */
+static int sync_events(struct uffdwp_snapshot *s, unsigned long *seen)
+{
+	int err;
+
+	if (!s->replace_events)
+		return uw_session_check_replaced(s);
+	err = probe_events(s);
+	/* Part of the first region unmapped: the reregister says -EFAULT. */
+	if (err == -ENOENT)
+		atomic_store(&s->replaced, true);
+	else if (err)
+		return err;
+	*seen = atomic_load(&s->nreplaced);
+	if (s->ksm_check)
+		err = uw_session_check_replaced(s);
+	if (!err && atomic_exchange(&s->replaced, false))
+		err = uw_session_reregister(s);
+	*seen = atomic_load(&s->nreplaced);
 	return err;
 }
 
@@ -349,18 +411,37 @@ static int instant_held(void *arg)
 	base = !s->full_layout && (s->need_base || base);
 	/* Memory replaced under the session since the last instant: its
 	 * pages join the set (or the instant fails, see there). */
-	if (!base)
-		err = uw_session_check_replaced(s);
-	pages = err ? 0 : take_set(s, base);
-	reset_slots(s);
-	/* A pre-copy's file is a base: every page, most of them written
-	 * already, the set's pages by this copier. */
-	reset_stats(s, s->full_layout ? s->rs.pages : pages,
-		    base || s->full_layout, h->t_start);
-	if (!err && !s->st.used_unpopulated)
-		err = for_each_run(s, 0, populate_run);
-	if (!err)
-		err = for_each_run(s, PROTECT_GAP, protect_run);
+	for (int tries = 0;; tries++) {
+		unsigned long seen = 0;
+
+		if (!base)
+			err = sync_events(s, &seen);
+		pages = err ? 0 : take_set(s, base);
+		reset_slots(s);
+		/* A pre-copy's file is a base: every page, most of them
+		 * written already, the set's pages by this copier. */
+		reset_stats(s, s->full_layout ? s->rs.pages : pages,
+			    base || s->full_layout, h->t_start);
+		if (!err && !s->st.used_unpopulated)
+			err = for_each_run(s, 0, populate_run);
+		if (!err)
+			err = for_each_run(s, PROTECT_GAP, protect_run);
+		if (err || base || !s->replace_events)
+			break;
+		err = probe_events(s);
+		if ((!err || err == -ENOENT) &&
+		    atomic_load(&s->nreplaced) == seen)
+			break;
+		/* Memory replaced during the pause: its pages are in the
+		 * dirty bitmap; take the set again with them. */
+		err = 0;
+		for (size_t w = 0; w < s->words; w++)
+			atomic_fetch_or(&s->dirty[w], atomic_load(&s->set[w]));
+		if (tries == 3) {
+			err = -EAGAIN;
+			break;
+		}
+	}
 	if (!err) {
 		s->need_base = false;
 		s->taken++;
@@ -380,6 +461,7 @@ int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
 	int err;
 
 	uw_snap_find_huge(s);
+	s->ksm_check = uw_ksm_running();
 	/* The hand-over lives in the library's memory, not on our stack. */
 	h = uw_alloc(sizeof(*h));
 	if (!h)
@@ -399,6 +481,21 @@ int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
+}
+
+/* Whether KSM may merge pages (/sys/kernel/mm/ksm/run not 0); read
+ * before the pause. */
+bool uw_ksm_running(void)
+{
+	char c = '0';
+	int fd = open("/sys/kernel/mm/ksm/run", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return false;
+	if (read(fd, &c, 1) != 1)
+		c = '0';
+	close(fd);
+	return c != '0';
 }
 
 static int check_maps(struct uffdwp_snapshot *s)

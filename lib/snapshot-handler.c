@@ -228,6 +228,30 @@ static void handle_remove(struct uffdwp_snapshot *s, uintptr_t start,
 		uw_snap_abort(s, -EAGAIN);
 }
 
+/*
+ * [START, END) was unmapped, mapped over or moved (UFFD_EVENT_UNMAP,
+ * UFFD_EVENT_REMAP: sessions only): its pages in the regions count as
+ * written, and the next instant registers the regions again (session.c).
+ * A snapshot running meanwhile fails as before when its copier reads
+ * memory gone (-EFAULT).
+ */
+static void handle_replaced(struct uffdwp_snapshot *s, uintptr_t start,
+			    uintptr_t end)
+{
+	bool hit = false;
+
+	for (size_t r = 0; r < s->rs.nr; r++) {
+		uintptr_t a = (uintptr_t)s->rs.r[r].addr;
+
+		hit |= start < a + s->rs.r[r].len && a < end;
+	}
+	if (!s->session || !hit)
+		return;
+	uw_mark_pages(&s->rs, s->dirty, start, end - start);
+	atomic_store(&s->replaced, true);
+	atomic_fetch_add(&s->nreplaced, 1);
+}
+
 /* Keep fault message M for the handler (under read_lock); false when
  * there is no room and no memory for more. */
 static bool defer_fault(struct uffdwp_snapshot *s, const struct uffd_msg *m)
@@ -297,7 +321,17 @@ static ssize_t read_batch(struct uffdwp_snapshot *s)
 		if (msg[i].event == UFFD_EVENT_REMOVE)
 			handle_remove(s, msg[i].arg.remove.start,
 				      msg[i].arg.remove.end);
-		else if (msg[i].event != UFFD_EVENT_PAGEFAULT)
+		else if (msg[i].event == UFFD_EVENT_UNMAP)
+			handle_replaced(s, msg[i].arg.remove.start,
+					msg[i].arg.remove.end);
+		else if (msg[i].event == UFFD_EVENT_REMAP) {
+			handle_replaced(s, msg[i].arg.remap.from,
+					msg[i].arg.remap.from +
+					msg[i].arg.remap.len);
+			handle_replaced(s, msg[i].arg.remap.to,
+					msg[i].arg.remap.to +
+					msg[i].arg.remap.len);
+		} else if (msg[i].event != UFFD_EVENT_PAGEFAULT)
 			continue;
 		else if (defer_fault(s, &msg[i]))
 			kick = true;

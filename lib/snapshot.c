@@ -522,6 +522,14 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 				 !(opts->flags & UFFDWP_SNAP_NO_UNPOPULATED);
 	if (s->st.used_unpopulated)
 		features |= UFFD_FEATURE_WP_UNPOPULATED;
+	/* A session learns of memory replaced under it (munmap, mmap over
+	 * it, mremap) from events, outside its instants' pause. */
+	s->replace_events = session &&
+		(f.api_features & (UFFD_FEATURE_EVENT_UNMAP |
+				   UFFD_FEATURE_EVENT_REMAP)) ==
+		(UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMAP);
+	if (s->replace_events)
+		features |= UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMAP;
 	/* A session that can pre-copy: async WP and the ring, switched to
 	 * sync until a pre-copy asks for async (falls back without). */
 	if (session && f.set_mode && f.wp_ring && s->st.used_unpopulated) {

@@ -80,6 +80,13 @@ struct uffdwp_snapshot {
 	 * the file header) before the pages.
 	 */
 	bool session, need_base;
+	/* Sessions: UNMAP and REMAP events asked for (REPLACE_EVENTS); one
+	 * over a region was read since the last instant (REPLACED), how many
+	 * ever (NREPLACED); KSM_CHECK: KSM runs, so the instant also looks
+	 * for pages that lost their protection without an event (session.c). */
+	bool replace_events, ksm_check;
+	atomic_bool replaced;
+	atomic_ulong nreplaced;
 	pthread_mutex_t instant_lock;
 	size_t nhuge;			/* blocks find_huge_blocks() marked */
 	_Atomic uint64_t *set, *dirty;
@@ -226,6 +233,9 @@ int uw_session_prepare(struct uffdwp_snapshot *s, int fd);
  * dirty, the regions registered again; -EFAULT/-EINVAL when a region is
  * not mapped or not the same kind any more (session.c). */
 int uw_session_check_replaced(struct uffdwp_snapshot *s);
+/* The regions checked (-EFAULT/-EINVAL) and registered again. */
+int uw_session_reregister(struct uffdwp_snapshot *s);
+bool uw_ksm_running(void);
 void uw_session_hold(struct uffdwp_snapshot *s);
 void uw_session_release(struct uffdwp_snapshot *s);
 int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
