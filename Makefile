@@ -118,7 +118,8 @@ kernel-tree:
 	@scripts/deps.sh
 	@scripts/kernel-tree.sh
 
-## export-patches: regenerate kernel/patches and kernel/series from build/linux
+## export-patches: regenerate the topics' patches (kernel/topics/*/) from build/linux
+##       (TOPIC_COUNTS="13 5 24 4 7" after adding or removing a commit)
 export-patches:
 	@scripts/export-patches.sh
 

@@ -21,8 +21,10 @@ step "libuffdwp: Debian packages"
 step "series: apply and checkpatch"
 rm -f "$results/series.tap"
 "$TOP/scripts/check-series.sh" "$results/series.tap" || true
+step "series: each topic on its dependencies, each fix alone"
+"$TOP/scripts/check-topics.sh" "$results/topics.tap" || true
 taps=("$results/pipeline.tap" "$results/abi.tap" "$results/man.tap" "$results/deb.tap"
-      "$results/series.tap")
+      "$results/series.tap" "$results/topics.tap")
 for lane in "$@"; do
 	load_lane "$lane" >/dev/null
 	rm -f "$results/$lane.tap" "$results/$lane.console" "$results/$lane.clock-jump.console"

@@ -117,15 +117,33 @@ tree_key() {
 	tree_version | tr -c 'A-Za-z0-9.+-' '_'
 }
 
-# The patch files named by a series file, in order, as absolute paths.
+# The patch files named by a series file, in order, as absolute paths.  A
+# line naming a file called "series" (a path relative to this one, e.g.
+# topics/1-fixes/series) includes that topic's series in its place; any
+# other line names a patch in the patches/ folder beside the series file.
 series_patches() {
-	local series=$1 dir
-	dir=$(dirname "$series")/patches
+	local series=$1 dir p
+	dir=$(dirname "$series")
 	[ -f "$series" ] || return 0
 	sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$series" | while read -r p; do
 		[ -n "$p" ] || continue
-		[ -f "$dir/$p" ] || die "series $series names $p, which is not in $dir"
-		echo "$dir/$p"
+		if [ "$(basename "$p")" = series ]; then
+			[ -f "$dir/$p" ] || die "series $series includes $p, which does not exist"
+			series_patches "$dir/$p"
+			continue
+		fi
+		[ -f "$dir/patches/$p" ] || die "series $series names $p, which is not in $dir/patches"
+		echo "$dir/patches/$p"
+	done
+}
+
+# The topic folders a series file includes, in order (absolute paths).
+series_topics() {
+	local series=$1 dir
+	dir=$(dirname "$series")
+	sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$series" | while read -r p; do
+		[ "$(basename "${p:-x}")" = series ] || continue
+		(cd "$dir/$(dirname "$p")" && pwd)
 	done
 }
 
