@@ -4,7 +4,9 @@
 #     with only the topics its "depends" file names applied first;
 #   series/fix-N-applies-alone: each fix of the fixes topic (a line of its
 #     "groups" file: the fix and its selftest) applies alone to the base
-#     tree, as a stable backport would.
+#     tree, as a stable backport would;
+#   series/proposal-NAME-applies: each patch kept ready in kernel/proposals
+#     applies on top of the whole series.
 # Patches are applied with `git apply --cached` to a scratch index read
 # from the base commit (no files are written), removed at the end.
 . "$(dirname "$0")/lib.sh"
@@ -71,4 +73,14 @@ if [ -f "$fixes/groups" ]; then
 		fi
 	done <"$fixes/groups"
 fi
+mapfile -t all < <(series_patches "$series")
+for p in "$TOP"/kernel/proposals/*.patch; do
+	[ -f "$p" ] || continue
+	name=$(basename "$p" .patch)
+	if bad=$(apply_on_base "${all[@]}" "$p"); then
+		results+=("ok series/proposal-$name-applies # on the whole series")
+	else
+		results+=("not ok series/proposal-$name-applies # $bad does not apply")
+	fi
+done
 write_tap "$out" "${results[@]}"
