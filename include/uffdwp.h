@@ -44,7 +44,7 @@ extern "C" {
 #endif
 
 #define UFFDWP_VERSION_MAJOR 0
-#define UFFDWP_VERSION_MINOR 3
+#define UFFDWP_VERSION_MINOR 4
 
 /*
  * uffdwp_version - the version of the library actually loaded, which may
@@ -336,12 +336,80 @@ int uffdwp_snapshot_stats(struct uffdwp_snapshot *s,
  */
 void uffdwp_snapshot_free(struct uffdwp_snapshot *s);
 
+/*
+ * uffdwp_snapshot_fd (since 0.4) - a descriptor that becomes readable
+ * (POLLIN) when the snapshot has finished: copied, failed or cancelled,
+ * the moment uffdwp_snapshot_wait() would return without waiting, and
+ * stays readable from then on (like a pidfd); so a snapshot fits an event
+ * loop (poll(2), epoll(7)).  It is an eventfd, O_CLOEXEC and O_NONBLOCK,
+ * owned by the snapshot and closed by uffdwp_snapshot_free(): poll it,
+ * do not read, write or close it.  uffdwp_snapshot_wait() then gives the
+ * result.  Returns the descriptor, or -EINVAL (NULL S, or one that is
+ * not a live snapshot handle where that can be seen: freed, garbage, a
+ * session), -ECHILD in a child of fork().  Thread safety: any thread.
+ */
+int uffdwp_snapshot_fd(struct uffdwp_snapshot *s);
+
+/*
+ * Counters that can grow without new symbols (since 0.4): the caller sets
+ * SIZE to sizeof(struct uffdwp_stats_v) as it was compiled; the library
+ * fills min(SIZE, its own size) bytes, zeroes the caller's bytes past its
+ * own, and stores that minimum in SIZE.  A field is present when SIZE
+ * covers it: if (st.size >= offsetof(struct uffdwp_stats_v, FIELD) +
+ * sizeof(st.FIELD)).  New fields are only ever added at the end, all
+ * 64-bit.  The fields up to PRECOPY_PAGES mean what they mean in struct
+ * uffdwp_snapshot_stats (the booleans are FLAGS bits, ERROR is the
+ * -errno that stopped the snapshot).
+ */
+#define UFFDWP_STATS_DONE		(1u << 0)
+#define UFFDWP_STATS_USED_UNPOPULATED	(1u << 1)
+#define UFFDWP_STATS_USER_MODE_ONLY	(1u << 2)
+
+struct uffdwp_stats_v {
+	uint32_t size;		/* in: the caller's size; out: bytes filled */
+	uint32_t flags;		/* UFFDWP_STATS_* */
+	int64_t error;
+	uint64_t pause_ns;
+	uint64_t start_ns;
+	uint64_t total_ns;
+	uint64_t pages;
+	uint64_t pages_copied;
+	uint64_t faults;
+	uint64_t saved;
+	uint64_t side_peak;
+	uint64_t side_cap;
+	uint64_t fixed_bytes;
+	uint64_t spilled;
+	uint64_t spill_peak;
+	uint64_t huge_blocks;
+	uint64_t huge_saves;
+	uint64_t fault_max_ns;
+	uint64_t epoch;
+	uint64_t precopy_rounds;
+	uint64_t precopy_pages;
+	uint64_t nregions;	/* regions now (a session's may change) */
+	uint64_t region_pages;	/* pages in those regions */
+	uint64_t dirty_pages;	/* sessions: uffdwp_session_dirty() now;
+				 * snapshots: 0 */
+};
+
+/*
+ * uffdwp_snapshot_stats_v (since 0.4) - the counters of S into *ST as
+ * above.  Returns 0, or -EINVAL: NULL or dead S (as for
+ * uffdwp_snapshot_fd()), NULL ST, ST not readable and writable, SIZE
+ * below 8, above 4096 or not a multiple of 8; -ECHILD in a child of
+ * fork().  Thread safety: any thread, any time while S exists.
+ */
+int uffdwp_snapshot_stats_v(struct uffdwp_snapshot *s,
+			    struct uffdwp_stats_v *st);
+
 /* ------------------------------------------------------------------ */
 /* Snapshot sessions and snapshot files (since 0.2)                    */
 /* ------------------------------------------------------------------ */
 
 /*
- * A session takes a series of snapshots of the same regions.  Its first
+ * A session takes a series of snapshots of its regions (which may be
+ * added and removed between snapshots since 0.4).  Its first
  * snapshot is a base (every page); each later one is a delta holding only
  * the pages written since the previous snapshot's instant, so its pause
  * and its cost follow what was written, not the size of the regions.
@@ -482,8 +550,80 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 
 /* uffdwp_session_dirty - pages written since the last snapshot instant
  * (what the next delta would store), or -EINVAL.  Thread safety: any
- * thread. */
+ * thread, except while uffdwp_session_add_region() or _remove_region()
+ * runs. */
 ssize_t uffdwp_session_dirty(struct uffdwp_session *ss);
+
+/*
+ * uffdwp_session_dirty_ranges (since 0.4) - the pages written since the
+ * last snapshot instant (what the next delta would store; the pages
+ * uffdwp_session_dirty() counts) as ranges: runs of adjacent pages, in
+ * address order, a range never spanning two regions.  Stores the first
+ * min(MAX, total) ranges in RANGES (NULL when MAX is 0) and returns the
+ * total, so a return above MAX means "a larger array" (the set may have
+ * grown meanwhile: writers run).  The set is not consumed.  Returns the
+ * count or -EINVAL (NULL or dead SS, NULL RANGES with MAX > 0, RANGES not
+ * writable for the ranges stored), -ECHILD in a child of fork().
+ * Thread safety: any thread, except while uffdwp_session_add_region() or
+ * _remove_region() runs.
+ */
+ssize_t uffdwp_session_dirty_ranges(struct uffdwp_session *ss,
+				    struct uffdwp_region *ranges, size_t max);
+
+/*
+ * uffdwp_session_add_region, uffdwp_session_remove_region (since 0.4) -
+ * a session's regions grow and shrink as the program's heap does.
+ *
+ * Adding: REGION is checked as uffdwp_session_new() checks regions
+ * (before anything is allocated: mapped, one kind, readable and writable)
+ * and registered; it is written in full by the next snapshot (a delta
+ * stores every page of it) and tracked like the others from that
+ * instant.  Removing: REGION must be one of the session's regions, as
+ * given (same address and length); it is unprotected (a writer waiting
+ * on it goes on, later writes raise no fault), unregistered, and its
+ * pages leave the dirty set and every later snapshot.  Neither may run
+ * while a snapshot is being copied (-EBUSY: uffdwp_session_wait() first).
+ * The delta after a change records the new regions and is marked
+ * UFFDWP_FILE_REGIONS_CHANGED (file format 3, which libraries before 0.4
+ * refuse with -EPROTONOSUPPORT); uffdwp_snapshot_load() applies it on top
+ * of the previous file.
+ * Returns 0 or:
+ *   -EINVAL   NULL or dead SS, REGION not readable, unaligned or empty;
+ *             (add) PROT_NONE, read-only or of mixed kinds; (remove) the
+ *             session's only region (free the session instead);
+ *   -EFAULT   (add) part of REGION is not mapped;
+ *   -EBUSY    a snapshot is running; (add) REGION overlaps one of the
+ *             session's regions, or is registered with another
+ *             userfaultfd;
+ *   -ENOENT   (remove) REGION is not one of the session's regions;
+ *   -ECHILD   in a child of fork();
+ *   -ENOMEM, or what the kernel returned (the session is unchanged).
+ * Thread safety: one call on SS at a time, and no other call on SS
+ * (uffdwp_session_dirty() included) meanwhile; writers may run.
+ */
+int uffdwp_session_add_region(struct uffdwp_session *ss,
+			      const struct uffdwp_region *region);
+int uffdwp_session_remove_region(struct uffdwp_session *ss,
+				 const struct uffdwp_region *region);
+
+/*
+ * uffdwp_session_fd (since 0.4) - as uffdwp_snapshot_fd() for the
+ * session's current snapshot: readable once it has finished (so
+ * uffdwp_session_wait() would not wait), not readable before the first
+ * snapshot nor from the instant of the next one until that one finishes.
+ * Owned by the session, closed by uffdwp_session_free().  Returns the
+ * descriptor, -EINVAL (NULL or dead SS) or -ECHILD.  Thread safety: any
+ * thread.
+ */
+int uffdwp_session_fd(struct uffdwp_session *ss);
+
+/* uffdwp_session_stats_v (since 0.4) - uffdwp_session_stats() into a
+ * struct uffdwp_stats_v (see uffdwp_snapshot_stats_v()); DIRTY_PAGES,
+ * NREGIONS and REGION_PAGES are the session's now.  Returns 0, -EINVAL,
+ * -ENOENT (no snapshot yet) or -ECHILD.  Thread safety: as
+ * uffdwp_session_dirty_ranges(). */
+int uffdwp_session_stats_v(struct uffdwp_session *ss,
+			   struct uffdwp_stats_v *st);
 
 /* uffdwp_session_free - cancel a running snapshot, unprotect, unregister and
  * free.  NULL is ignored.  In a child of fork(), as uffdwp_snapshot_free().  Thread safety: once, when no other call on SS
@@ -492,6 +632,10 @@ void uffdwp_session_free(struct uffdwp_session *ss);
 
 #define UFFDWP_FILE_BASE	0	/* uffdwp_snapshot_info.kind */
 #define UFFDWP_FILE_DELTA	1
+/* uffdwp_snapshot_info.flags (since 0.4): a delta whose regions differ
+ * from the previous file's (uffdwp_session_add_region()); every page of a
+ * region the previous file did not have is stored. */
+#define UFFDWP_FILE_REGIONS_CHANGED	(1u << 0)
 
 /* What a snapshot file's header says. */
 struct uffdwp_snapshot_info {
@@ -504,7 +648,10 @@ struct uffdwp_snapshot_info {
 	uint64_t pages_total;	/* pages in the regions */
 	uint64_t pages;		/* pages stored in the file */
 	uint64_t file_len;	/* bytes of the whole snapshot in the file */
-	uint64_t __reserved[3];
+	uint32_t flags;		/* UFFDWP_FILE_REGIONS_CHANGED (since 0.4;
+				 * a library from before leaves it 0) */
+	uint32_t __pad;
+	uint64_t __reserved[2];
 };
 
 /*
@@ -657,6 +804,23 @@ enum uffdwp_backend uffdwp_tracker_backend(const struct uffdwp_tracker *t);
  */
 ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 			       size_t max);
+
+/*
+ * uffdwp_tracker_collect_ranges (since 0.4) - uffdwp_tracker_collect()
+ * with the pages as ranges: adjacent pending pages of a region coalesced
+ * into one struct uffdwp_region, ascending, a range never spanning two
+ * regions.  Stores up to MAX ranges and returns how many; the same rounds
+ * as uffdwp_tracker_collect() (a return equal to MAX means "call again",
+ * pages that did not fit come first in the next call, a write landing
+ * during the call is in what is read after it or in the next result), and
+ * the two may be mixed on one tracker.  Returns the count or -EINVAL (NULL
+ * or dead T, NULL RANGES with MAX > 0, RANGES not writable: nothing is
+ * taken then), -ECHILD, or an error from the kernel.
+ * Thread safety: as uffdwp_tracker_collect().
+ */
+ssize_t uffdwp_tracker_collect_ranges(struct uffdwp_tracker *t,
+				      struct uffdwp_region *ranges,
+				      size_t max);
 
 /* Stop tracking (unprotect, restore protections) and free.  NULL ignored.
  * Thread safety: once, when no other call on T runs; writers may run. */

@@ -70,6 +70,8 @@ int uw_wake(int uffd, uintptr_t addr, size_t len);
 /* Snapshot files (snapfile.c; the layout is in docs/libuffdwp.md). */
 #define UW_FILE_MAGIC	"UFFDWPSN"
 #define UW_FILE_VERSION	2	/* written; 1 (no checksums) still read */
+#define UW_FILE_VERSION_FLAGS 3	/* 2 with header flags: written only
+				 * when FLAGS is not 0 */
 #define UW_FILE_CK_MAGIC "UFFDWPCK"
 struct uw_file_header {
 	char magic[8];
@@ -78,7 +80,7 @@ struct uw_file_header {
 	uint32_t page_size;
 	uint32_t kind;			/* UFFDWP_FILE_* */
 	uint32_t nregions;
-	uint32_t flags;			/* 0 */
+	uint32_t flags;			/* UFFDWP_FILE_* flags (version 3) */
 	uint64_t session;
 	uint64_t epoch;
 	uint64_t pages_total;
@@ -101,7 +103,7 @@ void uw_file_trailer(char *buf, const uint64_t *sums, uint64_t pages);
 /* Fill BUF (uw_file_data_off() bytes) for a file of RS storing the pages
  * set in MAP (PAGES of them; every page when MAP is NULL). */
 void uw_file_prefix(char *buf, const struct uw_regions *rs,
-		    const _Atomic uint64_t *map, uint32_t kind,
+		    const _Atomic uint64_t *map, uint32_t kind, uint32_t flags,
 		    uint64_t session, uint64_t epoch, uint64_t pages);
 
 /* Soft-dirty: one user per process. */
@@ -123,6 +125,36 @@ static inline bool uw_bit_test(const _Atomic uint64_t *map, size_t i)
 	       (i % 64) & 1;
 }
 
+/* The first set bit of MAP in [FROM, END), or END. */
+static inline size_t uw_bit_next(const _Atomic uint64_t *map, size_t from,
+				 size_t end, bool set)
+{
+	while (from < end) {
+		uint64_t w = atomic_load_explicit(&map[from / 64],
+						  memory_order_relaxed);
+
+		w = (set ? w : ~w) >> (from % 64);
+		if (w) {
+			from += (size_t)__builtin_ctzll(w);
+			return from < end ? from : end;
+		}
+		from = (from / 64 + 1) * 64;
+	}
+	return end;
+}
+
+/* The next run of set bits of MAP in [*FROM, END): true and [*START,
+ * *FROM) (*FROM moved past it), or false when there is none. */
+static inline bool uw_bit_run(const _Atomic uint64_t *map, size_t *from,
+			      size_t end, size_t *start)
+{
+	*start = uw_bit_next(map, *from, end, true);
+	if (*start == end)
+		return false;
+	*from = uw_bit_next(map, *start, end, false);
+	return true;
+}
+
 /* Trackers: each backend provides these operations. */
 struct uffdwp_tracker;
 struct uw_tracker_ops {
@@ -133,6 +165,7 @@ struct uw_tracker_ops {
 };
 
 struct uffdwp_tracker {
+	uint32_t magic;			/* UW_TRACKER_MAGIC while alive */
 	pid_t owner;			/* the creating process: in a child of
 					 * fork() the tracker is inert */
 	enum uffdwp_backend backend;
@@ -173,6 +206,19 @@ struct uffdwp_tracker {
 	uint64_t *pfn;			/* its frame then, if pagemap shows it */
 };
 
+/*
+ * Handles the caller passes to the functions of 0.4 (handle.c): a live
+ * one starts with its kind's magic, cleared before it is freed, so a
+ * freed (unmapped) or garbage pointer is -EINVAL where it can be read
+ * without a fault.  uw_copy_out: LEN bytes from SRC to the caller's DST
+ * without a fault (0, or -EINVAL when DST is not writable).
+ */
+#define UW_TRACKER_MAGIC	0x54575755u	/* "UWWT" */
+#define UW_SNAPSHOT_MAGIC	0x53575755u	/* "UWWS" */
+#define UW_SESSION_MAGIC	0x45575755u	/* "UWWE" */
+bool uw_handle_live(const void *h, uint32_t magic);
+int uw_copy_out(void *dst, const void *src, size_t len);
+
 /* Test seam: ring trackers created while it is set act as on a kernel
  * without UFFDIO_RING_RESET_DISCARD (tests/lib-tracker.c). */
 extern bool uw_ring_no_discard;
@@ -208,6 +254,9 @@ void uw_segv_detach(struct uffdwp_tracker *t, bool restore);
 int uw_segv_check(struct uffdwp_tracker *t);
 int uw_segv_hold(struct uffdwp_tracker *t);
 int uw_segv_release(struct uffdwp_tracker *t);
+/* In a child of fork() (tracker.c); whether a bit of MAP is set. */
+bool uw_tracker_foreign(const struct uffdwp_tracker *t);
+bool uw_bits_any(_Atomic uint64_t *map, size_t words);
 /* Pagemap passes (tracker.c): open /proc/self/pagemap and the state
  * bitmaps; one pass reads every region's entries, marks pending the pages
  * whose content the program discarded since the last pass (and, if

@@ -20,7 +20,7 @@ PREFIX       ?= /usr/local
 LIBDIR       ?= $(PREFIX)/lib
 DESTDIR      ?=
 UFFDWP_SOVER := 0
-UFFDWP_VER   := 0.3.0
+UFFDWP_VER   := 0.4.0
 
 HOST_LIB_SRCS  := $(wildcard lib/*.c)
 HOST_LIB_OBJS  := $(patsubst lib/%.c,$(HOST_OUT)/lib/%.o,$(HOST_LIB_SRCS))

@@ -334,7 +334,11 @@ static void reset_stats(struct uffdwp_snapshot *s, uint64_t pages, bool base,
 	s->st.epoch = s->taken;
 	s->st.huge_blocks = s->nhuge;
 	s->kind = base ? UFFDWP_FILE_BASE : UFFDWP_FILE_DELTA;
+	/* A delta after regions were added or removed says so. */
+	s->file_flags = !base && s->regions_changed ?
+			UFFDWP_FILE_REGIONS_CHANGED : 0;
 	s->done = s->cancel = s->go = false;
+	uw_done_drain(s);
 	s->error = s->handler_error = 0;
 	s->t_start = t_start;
 	pthread_mutex_unlock(&s->lock);
@@ -444,6 +448,7 @@ static int instant_held(void *arg)
 	}
 	if (!err) {
 		s->need_base = false;
+		s->regions_changed = false;
 		s->taken++;
 	}
 	uw_session_release(s);

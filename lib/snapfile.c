@@ -17,7 +17,13 @@
  * unknown version and refuses the file.  Version 2 adds a checksum per
  * record (the prefix, each page, the table of sums): a byte changed
  * anywhere fails a load with -EBADMSG.  Version 1 files (no sums) are
- * still read, unchecked.
+ * still read, unchecked.  Version 3 is version 2 with FLAGS in use:
+ * UFFDWP_FILE_REGIONS_CHANGED marks a delta whose regions differ from the
+ * previous file's (a session's regions were added or removed: every page
+ * of a region new since then is stored).  Only such a delta is written
+ * as version 3, so that a reader from before it refuses it
+ * (-EPROTONOSUPPORT) rather than applying it to the wrong layout; every
+ * other file stays version 2.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +53,7 @@ static size_t data_off(uint32_t version, size_t nregions, size_t pages_total,
 
 size_t uw_file_data_off(size_t nregions, size_t pages_total, size_t psz)
 {
+	/* (versions 2 and 3 lay out alike) */
 	return data_off(UW_FILE_VERSION, nregions, pages_total, psz);
 }
 
@@ -77,17 +84,18 @@ void uw_file_trailer(char *buf, const uint64_t *sums, uint64_t pages)
 }
 
 void uw_file_prefix(char *buf, const struct uw_regions *rs,
-		    const _Atomic uint64_t *map, uint32_t kind,
+		    const _Atomic uint64_t *map, uint32_t kind, uint32_t flags,
 		    uint64_t session, uint64_t epoch, uint64_t pages)
 {
 	size_t psz = uw_page_size(), words = (rs->pages + 63) / 64;
 	struct uw_file_header h = {
 		.magic = UW_FILE_MAGIC,
-		.version = UW_FILE_VERSION,
+		.version = flags ? UW_FILE_VERSION_FLAGS : UW_FILE_VERSION,
 		.header_len = sizeof(h),
 		.page_size = (uint32_t)psz,
 		.kind = kind,
 		.nregions = (uint32_t)rs->nr,
+		.flags = flags,
 		.session = session,
 		.epoch = epoch,
 		.pages_total = rs->pages,
@@ -142,9 +150,13 @@ static int check_header(const struct uw_file_header *h)
 {
 	if (memcmp(h->magic, UW_FILE_MAGIC, sizeof(h->magic)))
 		return -EBADMSG;
-	if (h->version != UW_FILE_VERSION && h->version != 1)
+	if (h->version != UW_FILE_VERSION && h->version != 1 &&
+	    h->version != UW_FILE_VERSION_FLAGS)
 		return -EPROTONOSUPPORT;
-	if (h->header_len != sizeof(*h) || h->flags ||
+	if (h->header_len != sizeof(*h) ||
+	    (h->flags && h->version < UW_FILE_VERSION_FLAGS) ||
+	    (h->flags & ~UFFDWP_FILE_REGIONS_CHANGED) ||
+	    (h->flags && h->kind != UFFDWP_FILE_DELTA) ||
 	    h->kind > UFFDWP_FILE_DELTA || h->page_size < 512 ||
 	    (h->page_size & (h->page_size - 1)) || !h->nregions ||
 	    h->nregions > MAX_REGIONS || h->pages_total > MAX_PAGES ||
@@ -192,6 +204,7 @@ static void fill_info(const struct uw_file_header *h,
 	info->epoch = h->epoch;
 	info->pages_total = h->pages_total;
 	info->pages = h->pages;
+	info->flags = h->flags;
 	info->file_len = data_off(h->version, h->nregions, h->pages_total,
 				  h->page_size) +
 			 h->pages * h->page_size +
@@ -309,9 +322,13 @@ int uffdwp_snapshot_load(int fd, const struct uffdwp_region *dst, size_t nr,
 	if (err)
 		return err;
 	v2 = h.version >= 2;
+	/* A delta follows PREV, over the same regions unless it says they
+	 * changed. */
 	if (h.kind == UFFDWP_FILE_DELTA &&
 	    (!prev || prev->session != h.session ||
-	     prev->epoch + 1 != h.epoch || prev->pages_total != h.pages_total))
+	     prev->epoch + 1 != h.epoch ||
+	     (prev->pages_total != h.pages_total &&
+	      !(h.flags & UFFDWP_FILE_REGIONS_CHANGED))))
 		return -ESTALE;
 	if (dst && nr != h.nregions)
 		return -EINVAL;

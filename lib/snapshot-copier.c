@@ -309,7 +309,8 @@ static int write_prefix(struct uffdwp_snapshot *s)
 	if (!s->prefix)
 		return 0;
 	uw_file_prefix(s->prefix, &s->rs, s->full_layout ? NULL : s->set,
-		       s->kind, s->session_id, s->st.epoch, s->st.pages);
+		       s->kind, s->file_flags, s->session_id, s->st.epoch,
+		       s->st.pages);
 	return uw_io_all(s->opts.sink_fd, s->prefix, (size_t)s->data_off,
 		      s->spill_base, s->sink_positional ? IO_PWRITE : IO_WRITE);
 }

@@ -127,7 +127,14 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	uint64_t t0 = uw_now_ns();
 	int err = 0;
 
-	if (idx >= 0 && in_huge(s, (size_t)idx)) {
+	/* Not in a region (any more: uffdwp_session_remove_region() took it
+	 * away after the fault was read): nothing to save or unprotect, only
+	 * a writer to let go. */
+	if (idx < 0) {
+		uw_wake(s->uffd, addr, psz);
+		return;
+	}
+	if (in_huge(s, (size_t)idx)) {
 		uintptr_t block = addr & ~(uintptr_t)(UW_HPAGE_SIZE - 1);
 
 		idx -= (long)((addr - block) / psz);

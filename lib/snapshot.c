@@ -97,6 +97,7 @@ void uw_snap_finish(struct uffdwp_snapshot *s, int err)
 		s->st.done = true;
 		s->st.error = err;
 		s->st.total_ns = uw_now_ns() - s->t_start;
+		uw_done_signal(s);
 	}
 	pthread_cond_broadcast(&s->finished);
 	pthread_cond_broadcast(&s->changed);
@@ -300,6 +301,8 @@ static void release_memory(struct uffdwp_snapshot *s)
 		close(s->stop_fd);
 	if (s->kick_fd >= 0)
 		close(s->kick_fd);
+	if (s->done_fd >= 0)
+		close(s->done_fd);
 	if (s->memfd >= 0)
 		close(s->memfd);
 	if (s->pagemap_fd >= 0)
@@ -332,6 +335,7 @@ bool uw_snap_foreign(const struct uffdwp_snapshot *s)
  * would act on the parent's memory).  Only our copies go. */
 void uw_snap_forget(struct uffdwp_snapshot *s)
 {
+	s->magic = 0;
 	release_memory(s);
 	uw_free(s, s->self_len);
 }
@@ -340,6 +344,7 @@ void uw_snap_destroy(struct uffdwp_snapshot *s)
 {
 	struct uffd_msg m;
 
+	s->magic = 0;
 	if (s->stop_fd >= 0) {
 		uint64_t one = 1;
 
@@ -478,6 +483,7 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	s->self_len = self_len;
 	s->owner = getpid();
 	s->uffd = s->stop_fd = s->kick_fd = s->spill_fd = s->memfd = -1;
+	s->done_fd = -1;
 	s->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 	s->opts = *opts;
 	s->session = session;
@@ -556,7 +562,8 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	s->registered = true;
 	s->stop_fd = eventfd(0, EFD_CLOEXEC);
 	s->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (s->stop_fd < 0 || s->kick_fd < 0) {
+	s->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->stop_fd < 0 || s->kick_fd < 0 || s->done_fd < 0) {
 		err = -errno;
 		goto fail;
 	}
@@ -564,6 +571,7 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 	if (err)
 		goto fail;
 	s->handler_started = true;
+	s->magic = session ? UW_SESSION_MAGIC : UW_SNAPSHOT_MAGIC;
 	*out = s;
 	return 0;
 

@@ -26,6 +26,8 @@
 			 UFFDWP_SNAP_DISCARD_FAIL)
 
 struct uffdwp_snapshot {
+	uint32_t magic;			/* UW_SNAPSHOT_MAGIC or
+					 * UW_SESSION_MAGIC while alive */
 	size_t self_len;
 	pid_t owner;			/* the process that created it: in a
 					 * child of fork() the copy is inert */
@@ -33,6 +35,8 @@ struct uffdwp_snapshot {
 	struct uffdwp_snapshot_opts opts;	/* sink_fd: our duplicate */
 	int uffd, stop_fd;
 	int kick_fd;			/* eventfd: faults were deferred */
+	int done_fd;			/* eventfd: readable once DONE (the
+					 * caller's poll, snapshot-fd.c) */
 	bool sink_owned;		/* opts.sink_fd is ours to close */
 	bool discard_zero;		/* a page discarded before it was
 					 * copied is stored as zeroes */
@@ -94,6 +98,11 @@ struct uffdwp_snapshot {
 	size_t words, bitmap_len;
 	uint64_t session_id, taken;
 	uint32_t kind;
+	/* Regions added or removed since the last instant (session-regions.c):
+	 * the next delta is marked UFFDWP_FILE_REGIONS_CHANGED (FILE_FLAGS
+	 * is this snapshot's). */
+	bool regions_changed;
+	uint32_t file_flags;
 	char *prefix;
 	off_t data_off;
 	/* SUMS: each stored page's checksum (uw_file_sum()) by its position
@@ -170,6 +179,15 @@ int uw_snap_unprotect_all(struct uffdwp_snapshot *s);
 void uw_snap_abort(struct uffdwp_snapshot *s, int err);
 /* Mark the snapshot done with ERR and wake its waiters. */
 void uw_snap_finish(struct uffdwp_snapshot *s, int err);
+/* The completion descriptor (snapshot-fd.c): made readable by
+ * uw_snap_finish() (under s->lock), emptied by a session's next instant
+ * (under s->lock). */
+void uw_done_signal(struct uffdwp_snapshot *s);
+void uw_done_drain(struct uffdwp_snapshot *s);
+/* The handle SS/S if it is a live one of that kind (a session, or a
+ * one-off snapshot), else NULL (handle.c). */
+struct uffdwp_snapshot *uw_session_of(struct uffdwp_session *ss);
+struct uffdwp_snapshot *uw_snapshot_of(struct uffdwp_snapshot *s);
 
 
 /*

@@ -184,6 +184,11 @@ static bool foreign(const struct uffdwp_tracker *t)
 	return t->owner != getpid();
 }
 
+bool uw_tracker_foreign(const struct uffdwp_tracker *t)
+{
+	return foreign(t);
+}
+
 /*
  * In a child of fork(): the userfaultfd is the parent's (an ioctl on it
  * acts on the parent's memory: an unregister would end the parent's
@@ -194,6 +199,7 @@ static bool foreign(const struct uffdwp_tracker *t)
  */
 static void tracker_forget(struct uffdwp_tracker *t)
 {
+	t->magic = 0;
 	if (t->slot >= 0)
 		uw_segv_forget(t);
 	if (t->backend == UFFDWP_BACKEND_SOFT_DIRTY && t->registered)
@@ -217,6 +223,7 @@ static void tracker_forget(struct uffdwp_tracker *t)
 
 static void tracker_destroy(struct uffdwp_tracker *t)
 {
+	t->magic = 0;
 	if (t->ops)
 		t->ops->stop(t);
 	uw_pagemap_close(t);
@@ -278,6 +285,7 @@ int uffdwp_tracker_new(struct uffdwp_tracker **out,
 	err = t->ops->start(t);
 	if (err)
 		goto fail;	/* destroy calls stop: undoes what start did */
+	t->magic = UW_TRACKER_MAGIC;
 	*out = t;
 	return 0;
 fail:
@@ -295,7 +303,7 @@ void uw_mark_range(struct uffdwp_tracker *t, uintptr_t addr, size_t len)
 	uw_mark_pages(&t->rs, t->pending, addr, len);
 }
 
-static bool uw_bits_any(_Atomic uint64_t *map, size_t words)
+bool uw_bits_any(_Atomic uint64_t *map, size_t words)
 {
 	for (size_t w = 0; w < words; w++)
 		if (atomic_load_explicit(&map[w], memory_order_relaxed))

@@ -21,11 +21,17 @@
  *    and the block stays PMD-mapped through the writes and the instants;
  *  - `uffdwp restore` rebuilds the image from the files;
  *  - bad input: -EINVAL, -EBUSY, -ENOENT; bad files: -EBADMSG,
- *    -EPROTONOSUPPORT, -ESTALE, -EINVAL, -EFAULT, -ESPIPE.
+ *    -EPROTONOSUPPORT, -ESTALE, -EINVAL, -EFAULT, -ESPIPE;
+ *  - (0.4) uffdwp_session_fd() readable exactly while the current snapshot
+ *    has finished; regions added (the next delta stores them in full,
+ *    marked UFFDWP_FILE_REGIONS_CHANGED) and removed (unprotected, out of
+ *    later deltas), the chain still loading; their bad input; the dirty
+ *    set as ranges; uffdwp_session_stats_v().
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -958,7 +964,7 @@ static void t_load_bad(void)
 	struct uffdwp_snapshot_info ib = { 0 }, id = { 0 }, other;
 	struct uffdwp_session *ss = NULL;
 	int fds[2] = { new_file(), new_file() }, pfd[2] = { -1, -1 };
-	uint32_t bad_version = 3;
+	uint32_t bad_version = 4;	/* 3 is read since 0.4 */
 	uint64_t bad_pages = 3;
 	int e[16], i = 0, n_info = -1, n_max = -1, e_pipe = 0, err;
 	bool ok;
@@ -1057,10 +1063,381 @@ static void t_load_bad(void)
 	munmap(img, len);
 }
 
+/* ---- the API of 0.4: completion fd, regions, dirty ranges, stats_v ---- */
+
+static int readable(int fd, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+/*
+ * session-fd: not readable before the first snapshot nor while one is
+ * copied (the copier held at the gate), readable once it finished (and
+ * after uffdwp_session_wait()), not readable again from the next
+ * instant on; O_CLOEXEC; closed by uffdwp_session_free().
+ */
+static void t_session_fd(void)
+{
+	const char *name = "session-fd";
+	size_t len = 64 * psz;
+	char *p = map(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_session *ss = NULL;
+	int f0 = new_file(), f1 = new_file(), fd = -1, cloexec = 0, closed;
+	int before = -1, held = -1, done = -1, waited = -1, held2 = -1;
+	int done2 = -1, err, e0 = -1, e1 = -1;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 31);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err) {
+		fd = uffdwp_session_fd(ss);
+		cloexec = fd >= 0 ? fcntl(fd, F_GETFD) & FD_CLOEXEC : 0;
+		before = readable(fd, 0);
+		gate_hold();
+		err = uffdwp_session_snapshot(ss, f0, 0);
+		held = readable(fd, 200);
+		gate_open();
+		done = readable(fd, 30000);
+		e0 = uffdwp_session_wait(ss, 0);
+		waited = readable(fd, 0);
+		p[3 * psz] ^= 1;
+		gate_hold();
+		if (!err)
+			err = uffdwp_session_snapshot(ss, f1, 0);
+		held2 = readable(fd, 200);
+		gate_open();
+		done2 = readable(fd, 30000);
+		e1 = uffdwp_session_wait(ss, 0);
+		gate_remove();
+	}
+	uffdwp_session_free(ss);
+	closed = fd >= 0 && fcntl(fd, F_GETFD) < 0 && errno == EBADF;
+	tap_check(!err && fd >= 0 && cloexec && !before && !held && done &&
+		  !e0 && waited && !held2 && done2 && !e1 && closed, name,
+		  "err %d, fd %d (cloexec %d): before any snapshot %d, while held %d, done %d, wait %d then %d; next: held %d, done %d, wait %d; closed by free %d",
+		  err, fd, !!cloexec, before, held, done, e0, waited, held2,
+		  done2, e1, closed);
+	close(f0);
+	close(f1);
+	munmap(p, len);
+}
+
+/*
+ * session-add-remove: a session over A; B added after the base: the next
+ * delta stores all of B and the written page of A, records both regions
+ * and is marked UFFDWP_FILE_REGIONS_CHANGED (format 3); the one after it
+ * is an ordinary delta.  B removed: its memory is writable without a
+ * fault (no page of it write-protected, nothing dirty), and the next
+ * delta records A alone (marked again) and stores only A's written page.
+ * The chain loads back at the recorded addresses: A as at the last
+ * instant, B as at the last instant it was in the session.
+ */
+static void t_add_remove(void)
+{
+	const char *name = "session-add-remove";
+	size_t la = 16 * psz, lb = 8 * psz;
+	char *a = map(la), *b = map(lb), *want_a = malloc(la), *want_b = malloc(lb);
+	struct uffdwp_region ra = { a, la }, rb = { b, lb }, got[1];
+	struct uffdwp_snapshot_info in[4] = { { 0 } };
+	struct uffdwp_stats_v v = { .size = sizeof(v) };
+	struct uffdwp_snapshot_stats st[4] = { { 0 } };
+	struct uffdwp_session *ss = NULL;
+	int fds[4] = { new_file(), new_file(), new_file(), new_file() };
+	ssize_t d_add = -1, n_rng = -1, d_rm = -1;
+	size_t wp_left = 1;
+	int err, e_add = -1, e_rm = -1, e_v = -1, e_load = -1;
+	bool ok_a = false, ok_b = false;
+
+	if (skip_no_wp(name))
+		return;
+	fill(a, la, 41);
+	fill(b, lb, 42);
+	err = uffdwp_session_new(&ss, &ra, 1, NULL);
+	if (!err)
+		err = snap(ss, fds[0], 0, &st[0]);
+	if (!err) {
+		e_add = uffdwp_session_add_region(ss, &rb);
+		d_add = uffdwp_session_dirty(ss);
+		n_rng = uffdwp_session_dirty_ranges(ss, got, 1);
+		a[3 * psz] ^= 1;
+		err = e_add ? e_add : snap(ss, fds[1], 0, &st[1]);
+	}
+	if (!err) {
+		b[2 * psz] ^= 1;
+		a[5 * psz] ^= 1;
+		err = snap(ss, fds[2], 0, &st[2]);
+		memcpy(want_b, b, lb);
+	}
+	if (!err) {
+		e_rm = uffdwp_session_remove_region(ss, &rb);
+		/* Writable without a fault: nothing of B is protected, and
+		 * the writes mark nothing. */
+		for (size_t i = 0; i < lb; i += psz)
+			b[i] ^= 0x7;
+		wp_left = pages_with(b, lb, PM_UFFD_WP);
+		d_rm = uffdwp_session_dirty(ss);
+		a[7 * psz] ^= 1;
+		err = e_rm ? e_rm : snap(ss, fds[3], 0, &st[3]);
+		e_v = uffdwp_session_stats_v(ss, &v);
+		memcpy(want_a, a, la);
+	}
+	for (int i = 0; !err && i < 4; i++) {
+		lseek(fds[i], 0, SEEK_SET);
+		if (uffdwp_snapshot_read_info(fds[i], &in[i], NULL, 0) < 0)
+			err = -EBADMSG;
+	}
+	if (!err) {
+		fill(a, la, 49);
+		fill(b, lb, 49);
+		e_load = load_chain(fds, 4, NULL, 0, NULL);
+		ok_a = !memcmp(a, want_a, la);
+		ok_b = !memcmp(b, want_b, lb);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && !e_add && d_add == 8 && n_rng == 1 &&
+		  got[0].addr == b && got[0].len == lb &&
+		  st[1].pages == 9 && in[1].nregions == 2 &&
+		  in[1].flags == UFFDWP_FILE_REGIONS_CHANGED &&
+		  in[1].version == 3 && in[0].version == 2 &&
+		  st[2].pages == 2 && in[2].flags == 0 && in[2].version == 2 &&
+		  !e_rm && wp_left == 0 && d_rm == 0 && st[3].pages == 1 &&
+		  in[3].nregions == 1 && in[3].flags == UFFDWP_FILE_REGIONS_CHANGED &&
+		  !e_v && v.nregions == 1 && v.region_pages == la / psz &&
+		  !e_load && ok_a && ok_b, name,
+		  "err %d; add %d: dirty %zd (want 8), ranges %zd; delta stores %llu (want 9), %u regions, flags %#x, version %u; next %llu pages, flags %#x; remove %d: %zu pages still protected, dirty %zd; last delta %llu pages, %u regions, flags %#x; stats_v %d (%llu regions); load %d, A %s, B %s",
+		  err, e_add, d_add, n_rng, (unsigned long long)st[1].pages,
+		  in[1].nregions, in[1].flags, in[1].version,
+		  (unsigned long long)st[2].pages, in[2].flags, e_rm, wp_left,
+		  d_rm, (unsigned long long)st[3].pages, in[3].nregions,
+		  in[3].flags, e_v, (unsigned long long)v.nregions, e_load,
+		  ok_a ? "same" : "differs", ok_b ? "same" : "differs");
+	for (int i = 0; i < 4; i++)
+		close(fds[i]);
+	free(want_a);
+	free(want_b);
+	munmap(a, la);
+	munmap(b, lb);
+}
+
+/*
+ * session-regions-bad-input: adding NULL, unaligned, empty, overlapping
+ * (-EBUSY), unmapped (-EFAULT), PROT_NONE or read-only (-EINVAL) memory,
+ * memory another session holds (-EBUSY); removing what is not a region
+ * (-ENOENT) or the only one (-EINVAL); either while a snapshot is copied
+ * (-EBUSY).  The session goes on unchanged.
+ */
+static void t_regions_bad(void)
+{
+	const char *name = "session-regions-bad-input";
+	size_t len = 8 * psz;
+	char *a = map(len), *b = map(len), *c = map(len), *gone = map(len);
+	char *none = map(len), *ro = map(len), *d = map(len);
+	struct uffdwp_region ra = { a, len }, rb = { b, len }, rc = { c, len };
+	struct uffdwp_region rd = { d, len };
+	struct uffdwp_region bad[] = {
+		{ a + 1, psz }, { b, 0 }, { a + psz, psz }, { gone, len },
+		{ none, len }, { ro, len }, { c, len }, { a, psz },
+	};
+	const int want[] = { -EINVAL, -EINVAL, -EBUSY, -EFAULT, -EINVAL,
+			     -EINVAL, -EBUSY, -ENOENT };
+	struct uffdwp_session *ss = NULL, *other = NULL;
+	struct uffdwp_snapshot_stats st = { 0 };
+	int e[12], n = 0, err, f0 = new_file(), f1 = new_file(), e_b = -1;
+	bool ok = true;
+
+	if (skip_no_wp(name))
+		return;
+	mprotect(none, len, PROT_NONE);
+	mprotect(ro, len, PROT_READ);
+	err = uffdwp_session_new(&ss, &ra, 1, NULL);
+	if (!err)
+		err = uffdwp_session_new(&other, &rc, 1, NULL);
+	if (!err) {
+		e[n++] = uffdwp_session_add_region(ss, NULL);
+		for (int i = 0; i < 7; i++) {
+			/* Unmapped just before: nothing maps the hole (the
+			 * library checks before it allocates). */
+			if (bad[i].addr == gone)
+				munmap(gone, len);
+			e[n++] = uffdwp_session_add_region(ss, &bad[i]);
+		}
+		e[n++] = uffdwp_session_remove_region(ss, &bad[7]);
+		e[n++] = uffdwp_session_remove_region(ss, &ra);
+		e_b = uffdwp_session_add_region(ss, &rb);
+		gate_hold();
+		err = uffdwp_session_snapshot(ss, f0, 0);
+		e[n++] = uffdwp_session_add_region(ss, &rd);
+		e[n++] = uffdwp_session_remove_region(ss, &rb);
+		gate_remove();
+		if (!err)
+			err = uffdwp_session_wait(ss, 120000);
+		a[psz] ^= 1;
+		if (!err)
+			err = snap(ss, f1, 0, &st);
+	}
+	uffdwp_session_free(other);
+	uffdwp_session_free(ss);
+	ok = !err && n == 12 && e[0] == -EINVAL && !e_b && st.pages == 1;
+	for (int i = 0; ok && i < 7; i++)
+		ok = e[1 + i] == want[i];
+	ok = ok && e[8] == -ENOENT && e[9] == -EINVAL && e[10] == -EBUSY &&
+	     e[11] == -EBUSY;
+	tap_check(ok, name,
+		  "err %d, add %d; add NULL %d, unaligned %d, empty %d, overlapping %d, unmapped %d, PROT_NONE %d, read-only %d, another session's %d; remove not a region %d, the only one %d; while copying: add %d, remove %d; then a delta of %llu pages (want 1)",
+		  err, e_b, e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7],
+		  e[8], e[9], e[10], e[11], (unsigned long long)st.pages);
+	close(f0);
+	close(f1);
+	munmap(a, len);
+	munmap(b, len);
+	munmap(c, len);
+	munmap(none, len);
+	munmap(ro, len);
+	munmap(d, len);
+}
+
+/*
+ * session-dirty-ranges: the pages written since the last instant as runs
+ * in address order, one run across a 64-page word of the bitmap, runs
+ * ending at a region's end, never across regions; the count alone with
+ * NULL and 0, the first MAX stored when more; nothing after a snapshot.
+ */
+static void t_dirty_ranges(void)
+{
+	const char *name = "session-dirty-ranges";
+	size_t la = 160 * psz, lb = 8 * psz;
+	char *a = map(la), *b = map(lb);
+	struct uffdwp_region r[2] = { { a, la }, { b, lb } }, got[8], two[2];
+	struct uffdwp_region want[8];
+	struct uffdwp_session *ss = NULL;
+	static const int runs_a[][2] = { { 3, 3 }, { 60, 11 }, { 159, 1 } };
+	int f0 = new_file(), f1 = new_file(), nw = 0, err;
+	ssize_t count = -1, n = -1, n2 = -1, after = -1, pages = -1;
+	bool ok = false;
+
+	if (skip_no_wp(name))
+		return;
+	err = uffdwp_session_new(&ss, r, 2, NULL);
+	if (!err)
+		err = snap(ss, f0, 0, NULL);
+	if (!err) {
+		for (int k = 0; k < 3; k++)
+			for (int i = 0; i < runs_a[k][1]; i++)
+				a[(runs_a[k][0] + i) * psz] ^= 1;
+		b[0] ^= 1;
+		b[psz] ^= 1;
+		/* B's run and A's, in address order. */
+		if (b < a)
+			want[nw++] = (struct uffdwp_region){ b, 2 * psz };
+		for (int k = 0; k < 3; k++)
+			want[nw++] = (struct uffdwp_region){
+				a + runs_a[k][0] * psz, runs_a[k][1] * psz };
+		if (b > a)
+			want[nw++] = (struct uffdwp_region){ b, 2 * psz };
+		count = uffdwp_session_dirty_ranges(ss, NULL, 0);
+		n = uffdwp_session_dirty_ranges(ss, got, 8);
+		n2 = uffdwp_session_dirty_ranges(ss, two, 2);
+		pages = uffdwp_session_dirty(ss);
+		err = snap(ss, f1, 0, NULL);
+		after = uffdwp_session_dirty_ranges(ss, got + 4, 4);
+	}
+	uffdwp_session_free(ss);
+	ok = !err && count == 4 && n == 4 && n2 == 4 && after == 0 &&
+	     pages == 17 && !memcmp(got, want, 4 * sizeof(*got)) &&
+	     !memcmp(two, want, 2 * sizeof(*two));
+	tap_check(ok, name,
+		  "err %d: count %zd, ranges %zd, into 2: %zd (want 4 each), pages %zd (want 17), after a snapshot %zd; first %p+%zu (want %p+%zu)",
+		  err, count, n, n2, pages, after, got[0].addr, got[0].len,
+		  want[0].addr, want[0].len);
+	close(f0);
+	close(f1);
+	munmap(a, la);
+	munmap(b, lb);
+}
+
+/*
+ * session-stats-v: -ENOENT before a snapshot; then what
+ * uffdwp_session_stats() says, and the session's regions and dirty
+ * pages; a caller's smaller struct filled to its size (the bytes past it
+ * untouched), a larger one zeroed past the library's and told its size;
+ * sizes below 8, not a multiple of 8 or above 4096 refused.
+ */
+static void t_stats_v(void)
+{
+	const char *name = "session-stats-v";
+	size_t len = 32 * psz;
+	char *p = map(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_session *ss = NULL;
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct {
+		struct uffdwp_stats_v v;
+		uint64_t more[8];
+	} big;
+	struct uffdwp_stats_v v, small;
+	int f0 = new_file(), err, e_none = -1, e_big = -1, e_small = -1;
+	int e_bad[4] = { 0 };
+	bool big_ok = false, small_ok = false;
+
+	if (skip_no_wp(name))
+		return;
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err) {
+		v.size = sizeof(v);
+		e_none = uffdwp_session_stats_v(ss, &v);
+		err = snap(ss, f0, 0, &st);
+		p[0] ^= 1;
+		p[9 * psz] ^= 1;
+	}
+	/* (faults go on being counted between snapshots) */
+	if (!err)
+		err = uffdwp_session_stats(ss, &st);
+	if (!err) {
+		memset(&big, 0xA5, sizeof(big));
+		big.v.size = sizeof(big);
+		e_big = uffdwp_session_stats_v(ss, &big.v);
+		big_ok = big.v.size == sizeof(big.v) && big.more[0] == 0 &&
+			 big.more[7] == 0 && big.v.pages == st.pages &&
+			 big.v.epoch == st.epoch && big.v.faults == st.faults &&
+			 big.v.pause_ns == st.pause_ns &&
+			 big.v.error == st.error &&
+			 (big.v.flags & UFFDWP_STATS_DONE) &&
+			 big.v.nregions == 1 && big.v.region_pages == len / psz &&
+			 big.v.dirty_pages == 2;
+		memset(&small, 0xA5, sizeof(small));
+		small.size = 16;
+		e_small = uffdwp_session_stats_v(ss, &small);
+		small_ok = small.size == 16 && (small.flags & UFFDWP_STATS_DONE) &&
+			   small.error == 0 && small.pause_ns == 0xA5A5A5A5A5A5A5A5ULL;
+		v.size = 0;
+		e_bad[0] = uffdwp_session_stats_v(ss, &v);
+		v.size = 4;
+		e_bad[1] = uffdwp_session_stats_v(ss, &v);
+		v.size = 20;
+		e_bad[2] = uffdwp_session_stats_v(ss, &v);
+		v.size = 8192;
+		e_bad[3] = uffdwp_session_stats_v(ss, &v);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && e_none == -ENOENT && !e_big && big_ok && !e_small &&
+		  small_ok && e_bad[0] == -EINVAL && e_bad[1] == -EINVAL &&
+		  e_bad[2] == -EINVAL && e_bad[3] == -EINVAL, name,
+		  "err %d; before a snapshot %d (want -ENOENT); larger %d (%s, size %u), smaller %d (%s); sizes 0, 4, 20, 8192: %d %d %d %d",
+		  err, e_none, e_big, big_ok ? "right" : "WRONG", big.v.size,
+		  e_small, small_ok ? "right" : "WRONG", e_bad[0], e_bad[1],
+		  e_bad[2], e_bad[3]);
+	close(f0);
+	munmap(p, len);
+}
+
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(16);
+	tap_plan(21);
 	uffdwp_probe(&f);
 	t_base_delta();
 	t_concurrent();
@@ -1076,5 +1453,10 @@ int main(void)
 	t_tool_restore();
 	t_bad_input();
 	t_load_bad();
+	t_session_fd();
+	t_add_remove();
+	t_regions_bad();
+	t_dirty_ranges();
+	t_stats_v();
 	return tap_done();
 }

@@ -24,7 +24,10 @@
  *  - the fd sink writes in pieces of at most 16 KiB (a 2 MiB write(2) into
  *    tmpfs took seconds in the riscv64 guest);
  *  - the workload's time-bounded writer phase still gives a verified copy;
- *  - bad input is -EINVAL / -EBUSY.
+ *  - bad input is -EINVAL / -EBUSY;
+ *  - uffdwp_snapshot_fd() is readable exactly once the snapshot finished
+ *    (copied or cancelled), and uffdwp_snapshot_stats_v() agrees with
+ *    uffdwp_snapshot_stats().
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -33,6 +36,7 @@
 #include <limits.h>
 #include <linux/fs.h>
 #include <linux/userfaultfd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -1551,10 +1555,96 @@ static void t_bad_input(void)
 		close(fd);
 }
 
+/*
+ * snapshot-fd: uffdwp_snapshot_fd() is an O_CLOEXEC descriptor that
+ * poll(2) finds readable exactly when the snapshot has finished: not while
+ * the copier is held (the gate), at once when it is let go, and after a
+ * cancel; it stays readable; uffdwp_snapshot_stats_v() agrees with
+ * uffdwp_snapshot_stats() (DONE in its flags only then).
+ */
+static int readable(int fd, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+
+static void *open_later(void *arg)
+{
+	(void)arg;
+	usleep(200000);
+	gate_open();
+	return NULL;
+}
+
+static void t_snapshot_fd(void)
+{
+	const char *name = "snapshot-fd";
+	size_t len = 1024 * psz;	/* two chunks */
+	char *p = map(len, false);
+	int sink = memfd_create("sink", MFD_CLOEXEC);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_snapshot_opts o = { .sink_fd = sink };
+	struct uffdwp_stats_v v1 = { .size = sizeof(v1) }, v2 = v1;
+	struct uffdwp_snapshot_stats st = { 0 };
+	struct uffdwp_snapshot *s = NULL, *s2 = NULL;
+	int fd = -1, held = -1, after = -1, stays = -1, cloexec = 0;
+	int err, werr = -1, cfd = -1, cancelled = -1, e1 = -1, e2 = -1;
+
+	if (skip_no_wp(name))
+		return;
+	fill(p, len, 21);
+	gate_hold();
+	err = uffdwp_snapshot_start(&s, &r, 1, &o);
+	if (!err) {
+		fd = uffdwp_snapshot_fd(s);
+		cloexec = fd >= 0 ? fcntl(fd, F_GETFD) & FD_CLOEXEC : 0;
+		held = readable(fd, 200);
+		e1 = uffdwp_snapshot_stats_v(s, &v1);
+		gate_open();
+		after = readable(fd, 30000);
+		werr = uffdwp_snapshot_wait(s, 0);
+		stays = readable(fd, 0);
+		e2 = uffdwp_snapshot_stats_v(s, &v2);
+		uffdwp_snapshot_stats(s, &st);
+	}
+	gate_remove();
+	uffdwp_snapshot_free(s);
+	/* A cancelled snapshot is finished too. */
+	gate_hold();
+	if (!err && !uffdwp_snapshot_start(&s2, &r, 1, &o)) {
+		pthread_t opener;
+
+		cfd = uffdwp_snapshot_fd(s2);
+		/* The cancel waits for the copier, held at the gate. */
+		pthread_create(&opener, NULL, open_later, NULL);
+		uffdwp_snapshot_cancel(s2);
+		cancelled = readable(cfd, 0) &&
+			    uffdwp_snapshot_wait(s2, 0) == -ECANCELED;
+		pthread_join(opener, NULL);
+	}
+	gate_remove();
+	uffdwp_snapshot_free(s2);
+	tap_check(!err && fd >= 0 && cloexec && !held && after && !werr &&
+		  stays && cfd >= 0 && cancelled == 1 && !e1 &&
+		  !e2 && v1.size == sizeof(v1) && !(v1.flags & UFFDWP_STATS_DONE) &&
+		  (v2.flags & UFFDWP_STATS_DONE) && v2.pages == st.pages &&
+		  v2.pages_copied == st.pages_copied && v2.nregions == 1 &&
+		  v2.region_pages == len / psz && v2.dirty_pages == 0 &&
+		  v2.fixed_bytes == st.fixed_bytes, name,
+		  "start %d, fd %d (cloexec %d): readable while held %d, when let go %d, after wait(%d) %d; cancelled %d; stats_v %d %d (done %u %u, copied %llu of %llu)",
+		  err, fd, !!cloexec, held, after, werr, stays, cancelled, e1,
+		  e2, v1.flags & UFFDWP_STATS_DONE, v2.flags & UFFDWP_STATS_DONE,
+		  (unsigned long long)v2.pages_copied,
+		  (unsigned long long)v2.pages);
+	close(sink);
+	munmap(p, len);
+}
+
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(30);
+	tap_plan(31);
 	uffdwp_probe(&f);
 	t_static();
 	t_concurrent();
@@ -1574,5 +1664,6 @@ int main(void)
 	t_sink_writes_regions();
 	t_kernel_writes();
 	t_bad_input();
+	t_snapshot_fd();
 	return tap_done();
 }

@@ -6,7 +6,10 @@
  *    order, nothing on a quiet round, and the rest on the next call when
  *    the caller's array is short; the backends agree with each other;
  *  - with a writer running during collects, every write is reported by a
- *    collect that returns after it (uffd and mprotect backends);
+ *    collect that returns after it (uffd and mprotect backends), also
+ *    when collected as ranges three at a time;
+ *  - uffdwp_tracker_collect_ranges(): adjacent pages coalesced, the same
+ *    rounds as uffdwp_tracker_collect(), and the two mixed;
  *  - a round that overflows the ring's largest size still reports every
  *    written page once, and the ring serves the round after it, whether
  *    the kernel can discard the entries or protects them first;
@@ -90,6 +93,38 @@ static int collect_all(struct uffdwp_tracker *t, char *set, size_t max)
 				return -1000;
 			total += !set[idx];
 			set[idx] = 1;
+		}
+		if ((size_t)n < max)
+			return total;
+	}
+}
+
+/* collect_all() through uffdwp_tracker_collect_ranges(): every range
+ * inside the area, ascending, not touching the one before it in the same
+ * call (adjacent pages are one range). */
+static int collect_all_ranges(struct uffdwp_tracker *t, char *set, size_t max)
+{
+	struct uffdwp_region r[PAGES + 1];
+	int total = 0;
+
+	memset(set, 0, PAGES);
+	for (;;) {
+		ssize_t n = uffdwp_tracker_collect_ranges(t, r, max);
+
+		if (n < 0)
+			return (int)n;
+		for (ssize_t i = 0; i < n; i++) {
+			long idx = ((char *)r[i].addr - area) / psz;
+			long len = (long)(r[i].len / psz);
+
+			if (idx < 0 || len <= 0 || idx + len > PAGES ||
+			    r[i].len % psz || (i && (char *)r[i].addr <=
+					       (char *)r[i - 1].addr + r[i - 1].len))
+				return -1000;
+			for (long k = idx; k < idx + len; k++) {
+				total += !set[k];
+				set[k] = 1;
+			}
 		}
 		if ((size_t)n < max)
 			return total;
@@ -252,7 +287,7 @@ static struct uffdwp_tracker *case_tracker(const char *name,
 	return t;
 }
 
-static void t_concurrent(enum uffdwp_backend b)
+static void t_concurrent(enum uffdwp_backend b, bool ranges)
 {
 	char name[64], why[256] = "", got[PAGES];
 	long seen[PAGES];
@@ -260,7 +295,8 @@ static void t_concurrent(enum uffdwp_backend b)
 	struct uffdwp_tracker *t;
 	struct stamper s = { 0 };
 
-	snprintf(name, sizeof(name), "tracker-concurrent-%s", uffdwp_backend_name(b));
+	snprintf(name, sizeof(name), "tracker-concurrent-%s%s",
+		 ranges ? "ranges-" : "", uffdwp_backend_name(b));
 	t = case_tracker(name, b);
 	if (!t)
 		return;
@@ -268,7 +304,9 @@ static void t_concurrent(enum uffdwp_backend b)
 		seen[i] = 0;
 	pthread_create(&s.th, NULL, stamp_main, &s);
 	for (int round = 0; round < 200 && !why[0]; round++) {
-		int n = collect_all(t, got, PAGES);
+		/* (ranges: in calls of 3, so that rounds span calls) */
+		int n = ranges ? collect_all_ranges(t, got, 3) :
+				 collect_all(t, got, PAGES);
 
 		if (n < 0) {
 			snprintf(why, sizeof(why), "collect: %d", n);
@@ -350,6 +388,78 @@ static void t_round_ends(enum uffdwp_backend b)
 	tap_check(!why[0] && s.rounds > 0, name,
 		  "%s (%ld calls for 5 rounds; the writer made %ld writes)",
 		  why, calls, s.rounds);
+}
+
+/*
+ * uffdwp_tracker_collect_ranges(): the pages written as runs, coalesced;
+ * the rounds of uffdwp_tracker_collect() (a call returning MAX, the rest
+ * in the next calls, a round that ended on MAX ends with 0); mixed with
+ * uffdwp_tracker_collect() on one tracker.
+ */
+static void t_ranges(enum uffdwp_backend b)
+{
+	static const int runs[][2] = { { 0, 3 }, { 5, 1 }, { 7, 2 },
+				       { 40, 8 }, { 95, 1 } };
+	char name[64], why[200] = "";
+	struct uffdwp_region r[8];
+	struct uffdwp_tracker *t;
+	void *pages[PAGES];
+	ssize_t n, calls[4];
+
+	snprintf(name, sizeof(name), "tracker-collect-ranges-%s",
+		 uffdwp_backend_name(b));
+	t = case_tracker(name, b);
+	if (!t)
+		return;
+	for (int k = 0; k < 5; k++)
+		for (int i = 0; i < runs[k][1]; i++)
+			area[(runs[k][0] + i) * psz] = 1;
+	n = uffdwp_tracker_collect_ranges(t, r, 8);
+	if (n != 5)
+		snprintf(why, sizeof(why), "first call: %zd ranges, want 5", n);
+	for (int k = 0; !why[0] && k < 5; k++)
+		if (r[k].addr != area + runs[k][0] * psz ||
+		    r[k].len != (size_t)runs[k][1] * psz)
+			snprintf(why, sizeof(why),
+				 "range %d: page %ld, %zu pages; want %d, %d",
+				 k, ((char *)r[k].addr - area) / psz,
+				 r[k].len / psz, runs[k][0], runs[k][1]);
+	n = uffdwp_tracker_collect_ranges(t, r, 8);
+	if (!why[0] && n != 0)
+		snprintf(why, sizeof(why), "nothing written: %zd ranges", n);
+	/* Two at a time: 2, 2, 1; then 2, 2 (the round ends with 0 after
+	 * a call that filled MAX exactly, here the fourth run left alone). */
+	for (int k = 0; k < 5; k++)
+		for (int i = 0; i < runs[k][1]; i++)
+			area[(runs[k][0] + i) * psz] = 2;
+	for (int c = 0; c < 3; c++)
+		calls[c] = uffdwp_tracker_collect_ranges(t, r, 2);
+	if (!why[0] && (calls[0] != 2 || calls[1] != 2 || calls[2] != 1))
+		snprintf(why, sizeof(why), "in twos: %zd, %zd, %zd; want 2, 2, 1",
+			 calls[0], calls[1], calls[2]);
+	for (int k = 0; k < 4; k++)
+		for (int i = 0; i < runs[k][1]; i++)
+			area[(runs[k][0] + i) * psz] = 3;
+	for (int c = 0; c < 3; c++)
+		calls[c] = uffdwp_tracker_collect_ranges(t, r, 2);
+	if (!why[0] && (calls[0] != 2 || calls[1] != 2 || calls[2] != 0))
+		snprintf(why, sizeof(why),
+			 "four runs in twos: %zd, %zd, %zd; want 2, 2, 0",
+			 calls[0], calls[1], calls[2]);
+	/* Mixed: one range, then the rest as pages. */
+	for (int k = 0; k < 5; k++)
+		for (int i = 0; i < runs[k][1]; i++)
+			area[(runs[k][0] + i) * psz] = 4;
+	calls[0] = uffdwp_tracker_collect_ranges(t, r, 1);
+	calls[1] = uffdwp_tracker_collect(t, pages, PAGES);
+	if (!why[0] && (calls[0] != 1 || calls[1] != 12 ||
+			pages[0] != area + 5 * psz))
+		snprintf(why, sizeof(why),
+			 "mixed: %zd range then %zd pages (first %ld); want 1, then 12 from page 5",
+			 calls[0], calls[1],
+			 calls[1] > 0 ? ((char *)pages[0] - area) / psz : -1L);
+	uffdwp_tracker_free(t);
+	tap_check(!why[0], name, "%s", why);
 }
 
 static void t_errors(void)
@@ -1240,7 +1350,7 @@ int main(void)
 	env = getenv("UFFDWP_DIFF_MS");
 	if (env)
 		diff_ms = atol(env);
-	tap_plan(39);
+	tap_plan(45);
 	tap_diag("seed %llu (set UFFDWP_SEED to replay)", seed);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
@@ -1256,9 +1366,13 @@ int main(void)
 	t_not_ours();
 	t_overlap();
 	t_auto_busy();
-	t_concurrent(UFFDWP_BACKEND_RING);
-	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN);
-	t_concurrent(UFFDWP_BACKEND_MPROTECT);
+	t_concurrent(UFFDWP_BACKEND_RING, false);
+	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN, false);
+	t_concurrent(UFFDWP_BACKEND_MPROTECT, false);
+	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
+		t_ranges(b);
+	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN, true);
+	t_concurrent(UFFDWP_BACKEND_MPROTECT, true);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_round_ends(b);
 	t_ring_overflow(false);
