@@ -17,7 +17,11 @@
  * truncated, foreign, or with a flipped byte; misuse while it runs:
  * munmap, mprotect, fork, close of the sink, free while writers run;
  * memory replaced under a session; the probe under a lack of descriptors;
- * thread creation refused (RLIMIT_AS).
+ * thread creation refused (RLIMIT_AS); the functions of 0.4 (completion
+ * descriptors, sized stats, regions added and removed, dirty ranges,
+ * tracker ranges): garbage, misaligned, freed and other-kind handles,
+ * bad sizes, unwritable buffers (nothing taken), regions added and
+ * removed under writers and after munmap, fork.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -1078,6 +1082,221 @@ static void c_tracker_concurrent(void)
 	}
 }
 
+/* ---- the functions of 0.4 ---- */
+
+/* A page the caller may read but not write: an output buffer that
+ * faults. */
+static void *read_only_page(void)
+{
+	char *p = map_anon(1);
+
+	CHECK(!mprotect(p, psz, PROT_READ), "mprotect");
+	return p;
+}
+
+/*
+ * Completion descriptors and sized stats: NULL, garbage, misaligned,
+ * freed handles and handles of the other kind are -EINVAL; stats_v's
+ * size 0, 4, 12, 4097, ~0 and an unwritable or unreadable struct are
+ * -EINVAL.
+ */
+static void c_v04_handles(void)
+{
+	char *p = map_anon(8);
+	struct uffdwp_region r = { p, 8 * psz };
+	int fd = tmpfile_fd();
+	struct uffdwp_snapshot_opts o = { .sink_fd = fd };
+	struct uffdwp_stats_v v = { .size = sizeof(v) };
+	struct uffdwp_stats_v *ro = read_only_page();
+	static const uint32_t bad_size[] = { 0, 4, 12, 4097, 8192, ~0u };
+	struct uffdwp_session *ss;
+	struct uffdwp_snapshot *s;
+	struct uffdwp_tracker *t;
+
+	need_wp();
+	EXPECT(uffdwp_snapshot_fd(NULL), -EINVAL);
+	EXPECT(uffdwp_snapshot_fd(GARBAGE), -EINVAL);
+	EXPECT(uffdwp_session_fd(NULL), -EINVAL);
+	EXPECT(uffdwp_session_fd(GARBAGE), -EINVAL);
+	EXPECT(uffdwp_snapshot_stats_v(NULL, &v), -EINVAL);
+	EXPECT(uffdwp_session_stats_v(GARBAGE, &v), -EINVAL);
+	/* A page of ours that is no handle, and one misaligned. */
+	EXPECT(uffdwp_snapshot_fd((struct uffdwp_snapshot *)p), -EINVAL);
+	EXPECT(uffdwp_session_fd((struct uffdwp_session *)(p + 8)), -EINVAL);
+
+	EXPECT(uffdwp_snapshot_start(&s, &r, 1, &o), 0);
+	EXPECT(uffdwp_snapshot_wait(s, 20000), 0);
+	CHECK(uffdwp_snapshot_fd(s) >= 0, "snapshot_fd");
+	/* A snapshot is no session, nor a tracker. */
+	EXPECT(uffdwp_session_fd((struct uffdwp_session *)s), -EINVAL);
+	EXPECT(uffdwp_session_stats_v((struct uffdwp_session *)s, &v), -EINVAL);
+	EXPECT(uffdwp_tracker_collect_ranges((struct uffdwp_tracker *)s,
+					     NULL, 0), -EINVAL);
+	EXPECT(uffdwp_snapshot_stats_v(s, NULL), -EINVAL);
+	EXPECT(uffdwp_snapshot_stats_v(s, GARBAGE), -EINVAL);
+	EXPECT(uffdwp_snapshot_stats_v(s, ro), -EINVAL);
+	for (size_t i = 0; i < sizeof(bad_size) / sizeof(bad_size[0]); i++) {
+		v.size = bad_size[i];
+		EXPECT(uffdwp_snapshot_stats_v(s, &v), -EINVAL);
+	}
+	v.size = sizeof(v);
+	EXPECT(uffdwp_snapshot_stats_v(s, &v), 0);
+	uffdwp_snapshot_free(s);
+	/* Freed: its mapping is gone. */
+	EXPECT(uffdwp_snapshot_fd(s), -EINVAL);
+	EXPECT(uffdwp_snapshot_stats_v(s, &v), -EINVAL);
+
+	EXPECT(uffdwp_session_new(&ss, &r, 1, NULL), 0);
+	CHECK(uffdwp_session_fd(ss) >= 0, "session_fd");
+	EXPECT(uffdwp_snapshot_fd((struct uffdwp_snapshot *)ss), -EINVAL);
+	EXPECT(uffdwp_session_stats_v(ss, &v), -ENOENT);
+	uffdwp_session_free(ss);
+	EXPECT(uffdwp_session_fd(ss), -EINVAL);
+	EXPECT(uffdwp_session_stats_v(ss, &v), -EINVAL);
+
+	EXPECT(uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_MPROTECT), 0);
+	EXPECT(uffdwp_snapshot_fd((struct uffdwp_snapshot *)t), -EINVAL);
+	EXPECT(uffdwp_session_fd((struct uffdwp_session *)t), -EINVAL);
+	uffdwp_tracker_free(t);
+}
+
+/*
+ * Regions added and removed, dirty ranges: hostile pointers, regions and
+ * buffers; freed sessions; a child of fork() gets -ECHILD and changes
+ * nothing of the parent's session.
+ */
+static void c_v04_session(void)
+{
+	char *p = map_anon(8), *q = map_anon(8);
+	struct uffdwp_region r = { p, 8 * psz }, rq = { q, 8 * psz };
+	struct uffdwp_region wrap = { p, (size_t)0 - psz }, out[4];
+	struct uffdwp_region *ro = read_only_page();
+	struct uffdwp_session *ss, *gone;
+	int fd = tmpfile_fd(), st;
+	pid_t pid;
+
+	need_wp();
+	EXPECT(uffdwp_session_add_region(NULL, &rq), -EINVAL);
+	EXPECT(uffdwp_session_add_region(GARBAGE, &rq), -EINVAL);
+	EXPECT(uffdwp_session_remove_region(NULL, &r), -EINVAL);
+	EXPECT(uffdwp_session_dirty_ranges(NULL, out, 4), -EINVAL);
+	EXPECT(uffdwp_session_dirty_ranges(GARBAGE, NULL, 0), -EINVAL);
+	EXPECT(uffdwp_session_new(&ss, &r, 1, NULL), 0);
+	EXPECT(uffdwp_session_add_region(ss, NULL), -EINVAL);
+	EXPECT(uffdwp_session_add_region(ss, GARBAGE), -EINVAL);
+	EXPECT(uffdwp_session_add_region(ss, &wrap), -EINVAL);
+	EXPECT(uffdwp_session_remove_region(ss, GARBAGE), -EINVAL);
+	EXPECT(uffdwp_session_remove_region(ss, &wrap), -EINVAL);
+	for (int k = 0; k < B_N; k++) {
+		struct uffdwp_region b = bad_region(k);
+		int err = uffdwp_session_add_region(ss, &b);
+
+		CHECK(err == bad_err[k], "add %s region: %d, want %d",
+		      bad_name[k], err, bad_err[k]);
+	}
+	EXPECT(uffdwp_session_remove_region(ss, &rq), -ENOENT);
+	EXPECT(uffdwp_session_remove_region(ss, &r), -EINVAL);
+	EXPECT(uffdwp_session_snapshot(ss, fd, 0), 0);
+	EXPECT(uffdwp_session_wait(ss, 20000), 0);
+	p[0] = 1;
+	p[2 * psz] = 1;
+	EXPECT(uffdwp_session_dirty_ranges(ss, NULL, 4), -EINVAL);
+	EXPECT(uffdwp_session_dirty_ranges(ss, GARBAGE, 4), -EINVAL);
+	EXPECT(uffdwp_session_dirty_ranges(ss, ro, 4), -EINVAL);
+	EXPECT(uffdwp_session_dirty_ranges(ss, NULL, 0), 2);
+	EXPECT(uffdwp_session_dirty_ranges(ss, out, 1), 2);
+	/* In a child: inert, the parent's session untouched. */
+	fflush(stdout);
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		EXPECT(uffdwp_session_add_region(ss, &rq), -ECHILD);
+		EXPECT(uffdwp_session_remove_region(ss, &r), -ECHILD);
+		EXPECT(uffdwp_session_dirty_ranges(ss, out, 4), -ECHILD);
+		EXPECT(uffdwp_session_fd(ss), -ECHILD);
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+	      !WEXITSTATUS(st), "child: status %#x %s", st, msg);
+	EXPECT(uffdwp_session_add_region(ss, &rq), 0);
+	EXPECT(uffdwp_session_dirty(ss), 10);
+	/* Removed after its memory was unmapped: still removed. */
+	CHECK(!munmap(q, 8 * psz), "munmap");
+	EXPECT(uffdwp_session_remove_region(ss, &rq), 0);
+	EXPECT(uffdwp_session_dirty(ss), 2);
+	EXPECT(uffdwp_session_snapshot(ss, fd, 0), 0);
+	EXPECT(uffdwp_session_wait(ss, 20000), 0);
+	gone = ss;
+	uffdwp_session_free(ss);
+	EXPECT(uffdwp_session_add_region(gone, &rq), -EINVAL);
+	EXPECT(uffdwp_session_remove_region(gone, &r), -EINVAL);
+	EXPECT(uffdwp_session_dirty_ranges(gone, NULL, 0), -EINVAL);
+}
+
+/*
+ * Regions added and removed while writers run in them: a writer on a
+ * region being removed goes on (its wait, if any, ends), the session's
+ * snapshots go on succeeding; a region added with writers in it.
+ */
+static void c_v04_session_concurrent(void)
+{
+	char *p = map_anon(64), *q = map_anon(64);
+	struct uffdwp_region r = { p, 64 * psz }, rq = { q, 64 * psz };
+	struct uffdwp_region both[2] = { r, rq };
+	struct uffdwp_session *ss;
+	struct writers wp, wq;
+	int fd = tmpfile_fd();
+
+	need_wp();
+	EXPECT(uffdwp_session_new(&ss, both, 2, NULL), 0);
+	writers_start(&wp, p, 64 * psz);
+	writers_start(&wq, q, 64 * psz);
+	for (int i = 0; i < 10; i++) {
+		EXPECT(uffdwp_session_snapshot(ss, fd, 0), 0);
+		EXPECT(uffdwp_session_wait(ss, 20000), 0);
+		EXPECT(uffdwp_session_remove_region(ss, &rq), 0);
+		EXPECT(uffdwp_session_snapshot(ss, fd, 0), 0);
+		EXPECT(uffdwp_session_wait(ss, 20000), 0);
+		EXPECT(uffdwp_session_add_region(ss, &rq), 0);
+	}
+	writers_stop(&wq);
+	writers_stop(&wp);
+	uffdwp_session_free(ss);
+}
+
+/*
+ * Tracker ranges: hostile handles and buffers are -EINVAL, and an
+ * unwritable buffer takes nothing: the pages are in the next call.
+ */
+static void c_v04_tracker(void)
+{
+	char *p = map_anon(8);
+	struct uffdwp_region r = { p, 8 * psz }, out[4];
+	struct uffdwp_region *ro = read_only_page();
+	struct uffdwp_tracker *t;
+
+	EXPECT(uffdwp_tracker_collect_ranges(NULL, out, 4), -EINVAL);
+	EXPECT(uffdwp_tracker_collect_ranges(GARBAGE, out, 4), -EINVAL);
+	EXPECT(uffdwp_tracker_collect_ranges((struct uffdwp_tracker *)p,
+					     out, 4), -EINVAL);
+	for (int b = 1; b < UFFDWP_BACKEND_COUNT; b++) {
+		if (uffdwp_backend_available(b))
+			continue;
+		EXPECT(uffdwp_tracker_new(&t, &r, 1, b), 0);
+		p[psz] = 1;
+		p[2 * psz] = 1;
+		EXPECT(uffdwp_tracker_collect_ranges(t, NULL, 4), -EINVAL);
+		EXPECT(uffdwp_tracker_collect_ranges(t, GARBAGE, 4), -EINVAL);
+		EXPECT(uffdwp_tracker_collect_ranges(t, ro, 4), -EINVAL);
+		EXPECT(uffdwp_tracker_collect_ranges(t, out, 4), 1);
+		CHECK(out[0].addr == p + psz && out[0].len == 2 * psz,
+		      "%s: range %p+%zu, want %p+%zu", uffdwp_backend_name(b),
+		      out[0].addr, out[0].len, (void *)(p + psz), 2 * psz);
+		uffdwp_tracker_free(t);
+		EXPECT(uffdwp_tracker_collect_ranges(t, out, 4), -EINVAL);
+	}
+}
+
 int main(void)
 {
 	static const struct {
@@ -1115,6 +1334,11 @@ int main(void)
 		{ "hostile/tracker-fork-inert", 30, c_tracker_fork },
 		{ "hostile/tracker-concurrent-misuse", 60,
 		  c_tracker_concurrent },
+		{ "hostile/v04-handles", 30, c_v04_handles },
+		{ "hostile/v04-session-regions", 60, c_v04_session },
+		{ "hostile/v04-session-regions-concurrent", 120,
+		  c_v04_session_concurrent },
+		{ "hostile/v04-tracker-ranges", 30, c_v04_tracker },
 	};
 	size_t n = sizeof(cases) / sizeof(cases[0]);
 
