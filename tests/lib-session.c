@@ -836,6 +836,114 @@ static void t_tool_restore(void)
 	free(img);
 }
 
+/* `uffdwp restore --out OUT FILES...`: its exit status, and the image
+ * read into IMG (up to LEN bytes; *GOT its length, -1 if none). */
+static int run_restore(const char *tool, const char *out, char **files,
+		       int n, char *img, size_t len, ssize_t *got)
+{
+	char *argv[8] = { (char *)tool, "restore", "--out", (char *)out };
+	int status = -1, fd;
+	pid_t pid;
+
+	for (int i = 0; i < n && i < 3; i++)
+		argv[4 + i] = files[i];
+	*got = -1;
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0) {
+		execv(tool, argv);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, &status, 0);
+	fd = open(out, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		*got = read(fd, img, len);
+		close(fd);
+	}
+	return status;
+}
+
+/*
+ * session-tool-restore-regions-changed: `uffdwp restore` follows the
+ * regions: a base of A, a delta after B was added (the image is A and B
+ * in address order), one after A was removed (the image is B alone),
+ * each as the memory was at that instant.
+ */
+static void t_tool_restore_regions(void)
+{
+	const char *name = "session-tool-restore-regions-changed";
+	const char *tool = find_tool();
+	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64], out[64];
+	char *files[3] = { path[0], path[1], path[2] };
+	size_t la = 16 * psz, lb = 8 * psz;
+	char *a = map(la), *b = map(lb), *want2 = malloc(la + lb);
+	char *want3 = malloc(lb), *img = malloc(la + lb + psz);
+	struct uffdwp_region ra = { a, la }, rb = { b, lb };
+	struct uffdwp_session *ss = NULL;
+	ssize_t got2 = -1, got3 = -1;
+	int err = 0, st2 = -1, st3 = -1;
+	bool ok2 = false, ok3 = false;
+
+	if (skip_no_wp(name))
+		return;
+	if (access(tool, X_OK)) {
+		tap_fail(name, "%s: %s (set UFFDWP_TOOL)", tool, strerror(errno));
+		return;
+	}
+	if (!mkdtemp(dir)) {
+		tap_fail(name, "mkdtemp: %s", strerror(errno));
+		return;
+	}
+	fill(a, la, 51);
+	fill(b, lb, 52);
+	err = uffdwp_session_new(&ss, &ra, 1, NULL);
+	for (int i = 0; i < 3 && !err; i++) {
+		int fd;
+
+		if (i == 1)
+			err = uffdwp_session_add_region(ss, &rb);
+		if (i == 2)
+			err = uffdwp_session_remove_region(ss, &ra);
+		snprintf(path[i], sizeof(path[i]), "%s/%d.snap", dir, i);
+		fd = open(path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (!err)
+			err = fd < 0 ? -errno : snap(ss, fd, 0, NULL);
+		if (fd >= 0)
+			close(fd);
+		if (i == 1) {
+			memcpy(want2 + (a < b ? 0 : lb), a, la);
+			memcpy(want2 + (a < b ? la : 0), b, lb);
+		}
+		a[(2 + i) * psz] ^= 0x11;
+		b[(1 + i) * psz + 8] ^= 0x22;
+	}
+	uffdwp_session_free(ss);
+	b[3 * psz + 8] ^= 0x22;	/* B as at the last instant */
+	memcpy(want3, b, lb);
+	snprintf(out, sizeof(out), "%s/image", dir);
+	if (!err) {
+		st2 = run_restore(tool, out, files, 2, img, la + lb + psz, &got2);
+		ok2 = got2 == (ssize_t)(la + lb) && !memcmp(img, want2, la + lb);
+		st3 = run_restore(tool, out, files, 3, img, la + lb + psz, &got3);
+		ok3 = got3 == (ssize_t)lb && !memcmp(img, want3, lb);
+	}
+	tap_check(!err && WIFEXITED(st2) && !WEXITSTATUS(st2) && ok2 &&
+		  WIFEXITED(st3) && !WEXITSTATUS(st3) && ok3, name,
+		  "err %d; base + delta (B added): status %#x, %zd bytes (want %zu), %s; + delta (A removed): status %#x, %zd bytes (want %zu), %s",
+		  err, st2, got2, la + lb, ok2 ? "same" : "differs", st3, got3,
+		  lb, ok3 ? "same" : "differs");
+	for (int i = 0; i < 3; i++)
+		unlink(path[i]);
+	unlink(out);
+	rmdir(dir);
+	munmap(a, la);
+	munmap(b, lb);
+	free(want2);
+	free(want3);
+	free(img);
+}
+
 /* ---- bad input ---- */
 
 static void t_bad_input(void)
@@ -1437,7 +1545,7 @@ static void t_stats_v(void)
 int main(void)
 {
 	psz = sysconf(_SC_PAGESIZE);
-	tap_plan(21);
+	tap_plan(22);
 	uffdwp_probe(&f);
 	t_base_delta();
 	t_concurrent();
@@ -1458,5 +1566,6 @@ int main(void)
 	t_regions_bad();
 	t_dirty_ranges();
 	t_stats_v();
+	t_tool_restore_regions();
 	return tap_done();
 }

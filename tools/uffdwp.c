@@ -23,7 +23,9 @@
  *
  * restore: rebuild the memory image a session's snapshot files describe
  * (the regions one after the other, in address order) from a base and its
- * deltas in epoch order, into IMAGE.  Exit 0 when every file applied; 1
+ * deltas in epoch order, into IMAGE.  When a delta says the session's
+ * regions changed (UFFDWP_FILE_REGIONS_CHANGED), the image takes that
+ * delta's regions from then on (a region kept keeps its bytes).  Exit 0 when every file applied; 1
  * when one could not be (the message names the file and the reason); 2 on
  * bad arguments.
  */
@@ -475,14 +477,101 @@ static void print_ranges(const char *file, const struct uffdwp_region *dst,
 			(size_t)((char *)dst[k].addr - (char *)dst[0].addr));
 }
 
+/*
+ * The image being rebuilt: the regions of the last file applied, one
+ * after the other in address order (REC: their recorded addresses; DST:
+ * where each lies in IMG).
+ */
+struct image {
+	int n;
+	struct uffdwp_region *rec, *dst;
+	char *img;
+	size_t total;
+};
+
+static void image_free(struct image *im)
+{
+	if (im->img && im->img != MAP_FAILED)
+		munmap(im->img, im->total ? im->total : 1);
+	free(im->rec);
+	free(im->dst);
+	memset(im, 0, sizeof(*im));
+}
+
+/*
+ * The image laid out for the regions FILE (open as FD) records; a region
+ * the image had already (same address and length) keeps its bytes, a new
+ * one starts as zeroes (a delta after the regions changed stores it in
+ * full).  0 or -errno.
+ */
+static int image_layout(struct image *im, int fd)
+{
+	struct uffdwp_snapshot_info info;
+	struct image nw = { 0 };
+	int n = uffdwp_snapshot_read_info(fd, &info, NULL, 0);
+
+	if (n > 0) {
+		nw.rec = calloc((size_t)n, sizeof(*nw.rec));
+		nw.dst = calloc((size_t)n, sizeof(*nw.dst));
+		n = nw.rec && nw.dst ?
+		    uffdwp_snapshot_read_info(fd, &info, nw.rec, (size_t)n) :
+		    -ENOMEM;
+	}
+	if (n < 0) {
+		image_free(&nw);
+		return n;
+	}
+	nw.n = n;
+	for (int k = 0; k < n; k++)
+		nw.total += nw.rec[k].len;
+	nw.img = mmap(NULL, nw.total ? nw.total : 1, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (nw.img == MAP_FAILED) {
+		image_free(&nw);
+		return -ENOMEM;
+	}
+	for (size_t off = 0, k = 0; k < (size_t)n; off += nw.rec[k++].len) {
+		nw.dst[k] = (struct uffdwp_region){ nw.img + off, nw.rec[k].len };
+		for (int j = 0; j < im->n; j++)
+			if (im->rec[j].addr == nw.rec[k].addr &&
+			    im->rec[j].len == nw.rec[k].len)
+				memcpy(nw.dst[k].addr, im->dst[j].addr,
+				       nw.rec[k].len);
+	}
+	image_free(im);
+	*im = nw;
+	return 0;
+}
+
+/* All of the image into OUT: 0 or -errno. */
+static int image_write(const struct image *im, const char *out)
+{
+	int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int err = fd < 0 ? -errno : 0;
+
+	for (size_t done = 0; !err && done < im->total;) {
+		ssize_t n = write(fd, im->img + done, im->total - done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			err = n < 0 ? -errno : -EIO;
+		else
+			done += (size_t)n;
+	}
+	if (!err && fsync(fd))
+		err = -errno;
+	if (fd >= 0 && close(fd) && !err)
+		err = -errno;
+	return err;
+}
+
 static int cmd_restore(int argc, char **argv)
 {
 	struct uffdwp_snapshot_info info = { 0 }, prev = { 0 };
-	struct uffdwp_region *dst = NULL;
+	struct image im = { 0 };
 	const char *out = NULL;
-	size_t total = 0;
-	char *image = MAP_FAILED;
-	int i = 2, n, fd, ofd, ret = 1;
+	int i = 2, fd, ret = 1, err;
 
 	if (i + 1 < argc && !strcmp(argv[i], "--out")) {
 		out = argv[i + 1];
@@ -492,67 +581,51 @@ static int cmd_restore(int argc, char **argv)
 		return usage("restore needs --out IMAGE%s", "");
 	if (i >= argc)
 		return usage("restore needs a base snapshot file%s", "");
-	fd = open(argv[i], O_RDONLY | O_CLOEXEC);
-	n = fd < 0 ? -errno : uffdwp_snapshot_read_info(fd, &info, NULL, 0);
-	if (n > 0) {
-		dst = calloc((size_t)n, sizeof(*dst));
-		n = dst ? uffdwp_snapshot_read_info(fd, &info, dst, (size_t)n) :
-			  -ENOMEM;
-	}
-	if (fd >= 0)
-		close(fd);
-	if (n < 0) {
-		fprintf(stderr, "uffdwp restore: %s: %s\n", argv[i], load_error(n));
-		free(dst);
-		return 1;
-	}
-	for (int k = 0; k < n; k++)
-		total += dst[k].len;
-	ofd = open(out, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (ofd < 0 || ftruncate(ofd, (off_t)total) ||
-	    (image = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED,
-			  ofd, 0)) == MAP_FAILED) {
-		fprintf(stderr, "uffdwp restore: %s: %s\n", out, strerror(errno));
-		goto done;
-	}
-	for (size_t off = 0, k = 0; k < (size_t)n; off += dst[k++].len)
-		dst[k].addr = image + off;
 	for (int f = i; f < argc; f++) {
-		int err;
-
 		fd = open(argv[f], O_RDONLY | O_CLOEXEC);
-		err = fd < 0 ? -errno :
-		      uffdwp_snapshot_load(fd, dst, (size_t)n,
-					   f > i ? &prev : NULL, &info);
+		err = fd < 0 ? -errno : 0;
+		/* The base's regions, or a delta's after the session's
+		 * regions were added or removed (the image then follows). */
+		if (!err && f > i) {
+			int n = uffdwp_snapshot_read_info(fd, &info, NULL, 0);
+
+			err = n < 0 ? n : 0;
+		}
+		if (!err && (f == i ||
+			     (info.flags & UFFDWP_FILE_REGIONS_CHANGED)))
+			err = image_layout(&im, fd);
+		if (!err)
+			err = uffdwp_snapshot_load(fd, im.dst, (size_t)im.n,
+						   f > i ? &prev : NULL, &info);
 		if (fd >= 0)
 			close(fd);
 		if (err) {
 			fprintf(stderr, "uffdwp restore: %s: %s\n", argv[f],
 				load_error(err));
-			print_ranges(argv[f], dst, n, argv[i]);
+			if (im.n)
+				print_ranges(argv[f], im.dst, im.n, argv[i]);
 			goto done;
 		}
-		printf("%s: %s, epoch %llu, %llu of %llu pages\n", argv[f],
+		printf("%s: %s, epoch %llu, %llu of %llu pages%s\n", argv[f],
 		       info.kind == UFFDWP_FILE_BASE ? "base" : "delta",
 		       (unsigned long long)info.epoch,
 		       (unsigned long long)info.pages,
-		       (unsigned long long)info.pages_total);
+		       (unsigned long long)info.pages_total,
+		       info.flags & UFFDWP_FILE_REGIONS_CHANGED ?
+		       ", regions changed" : "");
 		prev = info;
 	}
-	if (msync(image, total, MS_SYNC)) {
-		fprintf(stderr, "uffdwp restore: %s: %s\n", out, strerror(errno));
+	err = image_write(&im, out);
+	if (err) {
+		fprintf(stderr, "uffdwp restore: %s: %s\n", out, strerror(-err));
 		goto done;
 	}
 	printf("restored %s: %d region(s), %zu bytes, session %016llx at epoch %llu\n",
-	       out, n, total, (unsigned long long)info.session,
+	       out, im.n, im.total, (unsigned long long)info.session,
 	       (unsigned long long)info.epoch);
 	ret = 0;
 done:
-	if (image != MAP_FAILED)
-		munmap(image, total);
-	if (ofd >= 0)
-		close(ofd);
-	free(dst);
+	image_free(&im);
 	return ret;
 }
 
