@@ -1556,7 +1556,7 @@ static void t_bad_input(void)
 }
 
 /*
- * snapshot-fd: uffdwp_snapshot_fd() is an O_CLOEXEC descriptor that
+ * snapshot-completion-fd: uffdwp_snapshot_fd() is an O_CLOEXEC descriptor that
  * poll(2) finds readable exactly when the snapshot has finished: not while
  * the copier is held (the gate), at once when it is let go, and after a
  * cancel; it stays readable; uffdwp_snapshot_stats_v() agrees with
@@ -1579,7 +1579,7 @@ static void *open_later(void *arg)
 
 static void t_snapshot_fd(void)
 {
-	const char *name = "snapshot-fd";
+	const char *name = "snapshot-completion-fd";
 	size_t len = 1024 * psz;	/* two chunks */
 	char *p = map(len, false);
 	int sink = memfd_create("sink", MFD_CLOEXEC);
