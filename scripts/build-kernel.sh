@@ -33,8 +33,11 @@ confkey=$({
 	"$cc" --version | head -1
 	cat "${frags[@]}"
 } | key_of)
-obj=$CACHE/obj/$(basename "$tree")-$LANE-$confkey
-slot=$CACHE/slot/$LANE
+# KERNEL_LANE (a lane's .conf): boot the kernel another lane builds (same
+# tree and fragments) instead of building it again under this lane's name.
+klane=${KERNEL_LANE:-$LANE}
+obj=$CACHE/obj/$(basename "$tree")-$klane-$confkey
+slot=$CACHE/slot/$klane
 kmake=(make -C "$slot/src" O="$slot/obj" ARCH="$KARCH" CROSS_COMPILE="$CROSS_COMPILE"
        CC="ccache ${cc}" HOSTCC="ccache gcc" -s)
 export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache} CCACHE_BASEDIR=$CACHE
@@ -44,7 +47,7 @@ export KBUILD_BUILD_TIMESTAMP="uffdwp" KBUILD_BUILD_USER=uffdwp KBUILD_BUILD_HOS
 # One build per lane at a time (the slot is the lane's); a second caller
 # waits for it and then finds the object directory built.
 mkdir -p "$CACHE/obj" "$CACHE/slot"
-exec 9>"$CACHE/slot/.lock-$LANE"
+exec 9>"$CACHE/slot/.lock-$klane"
 flock 9
 
 if [ -f "$obj/.uffdwp-built" ]; then
