@@ -1350,7 +1350,7 @@ int main(void)
 	env = getenv("UFFDWP_DIFF_MS");
 	if (env)
 		diff_ms = atol(env);
-	tap_plan(45);
+	tap_plan(46);
 	tap_diag("seed %llu (set UFFDWP_SEED to replay)", seed);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
@@ -1371,6 +1371,7 @@ int main(void)
 	t_concurrent(UFFDWP_BACKEND_MPROTECT, false);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_ranges(b);
+	t_concurrent(UFFDWP_BACKEND_RING, true);
 	t_concurrent(UFFDWP_BACKEND_PAGEMAP_SCAN, true);
 	t_concurrent(UFFDWP_BACKEND_MPROTECT, true);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
