@@ -257,6 +257,14 @@ int uw_segv_release(struct uffdwp_tracker *t);
 /* In a child of fork() (tracker.c); whether a bit of MAP is set. */
 bool uw_tracker_foreign(const struct uffdwp_tracker *t);
 bool uw_bits_any(_Atomic uint64_t *map, size_t words);
+/* A collect call's round (tracker.c), for collect and collect_ranges:
+ * _start is 1 when there are pending pages to hand out (gathered now if
+ * the last round's were all handed out), 0 when this call ends a round
+ * whose last call filled MAX (it returns 0), or the gather's -errno;
+ * _end, after N of MAX were handed out, notes whether that filled the
+ * round. */
+int uw_tracker_round_start(struct uffdwp_tracker *t);
+void uw_tracker_round_end(struct uffdwp_tracker *t, size_t n, size_t max);
 /* Pagemap passes (tracker.c): open /proc/self/pagemap and the state
  * bitmaps; one pass reads every region's entries, marks pending the pages
  * whose content the program discarded since the last pass (and, if

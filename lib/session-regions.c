@@ -264,42 +264,29 @@ static int change(struct uffdwp_snapshot *s, const struct uffdwp_region *add,
 	return err;
 }
 
-/* 0 when no snapshot of S is being copied (its copier joined), else
- * -EBUSY. */
-static int idle(struct uffdwp_snapshot *s)
-{
-	bool busy;
-
-	pthread_mutex_lock(&s->lock);
-	busy = !s->done;
-	pthread_mutex_unlock(&s->lock);
-	if (busy)
-		return -EBUSY;
-	if (s->copier_started) {
-		pthread_join(s->copier, NULL);
-		s->copier_started = false;
-	}
-	return 0;
-}
-
-/* The caller's region, reached without a fault, page-aligned and not
- * empty: 0 or -EINVAL. */
-static int copy_region(struct uffdwp_region *r, const struct uffdwp_region *from)
+/* The arguments of add and remove: *S the live session SS, *R the
+ * caller's region FROM, reached without a fault, page-aligned and not
+ * empty (else -EINVAL); -ECHILD in a child of fork(); else 0. */
+static int take_args(struct uffdwp_session *ss,
+		     const struct uffdwp_region *from,
+		     struct uffdwp_snapshot **s, struct uffdwp_region *r)
 {
 	size_t psz = uw_page_size();
 	uintptr_t a;
 
-	if (!from || uw_copy_in(r, from, sizeof(*r)))
+	*s = uw_session_of(ss);
+	if (!*s || !from || uw_copy_in(r, from, sizeof(*r)))
 		return -EINVAL;
 	a = (uintptr_t)r->addr;
-	return a && r->len && !(a % psz) && !(r->len % psz) &&
-	       a + r->len > a ? 0 : -EINVAL;
+	if (!a || !r->len || a % psz || r->len % psz || a + r->len <= a)
+		return -EINVAL;
+	return uw_snap_foreign(*s) ? -ECHILD : 0;
 }
 
 int uffdwp_session_add_region(struct uffdwp_session *ss,
 			      const struct uffdwp_region *region)
 {
-	struct uffdwp_snapshot *s = uw_session_of(ss);
+	struct uffdwp_snapshot *s;
 	struct uffdwp_region r;
 	struct uw_regions one = { .nr = 1, .r = &r };
 	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_WP };
@@ -307,15 +294,14 @@ int uffdwp_session_add_region(struct uffdwp_session *ss,
 	bool anon;
 	int err;
 
-	if (!s || copy_region(&r, region))
-		return -EINVAL;
-	if (uw_snap_foreign(s))
-		return -ECHILD;
+	err = take_args(ss, region, &s, &r);
+	if (err)
+		return err;
 	/* Mapped (-EFAULT) before anything is allocated. */
 	err = uw_regions_mapped(&r, 1);
 	if (err)
 		return err;
-	err = idle(s);
+	err = uw_session_idle(s);
 	if (err)
 		return err;
 	a = (uintptr_t)r.addr;
@@ -354,16 +340,15 @@ int uffdwp_session_add_region(struct uffdwp_session *ss,
 int uffdwp_session_remove_region(struct uffdwp_session *ss,
 				 const struct uffdwp_region *region)
 {
-	struct uffdwp_snapshot *s = uw_session_of(ss);
+	struct uffdwp_snapshot *s;
 	struct uffdwp_region r;
 	size_t k;
 	bool anon;
 	int err;
 
-	if (!s || copy_region(&r, region))
-		return -EINVAL;
-	if (uw_snap_foreign(s))
-		return -ECHILD;
+	err = take_args(ss, region, &s, &r);
+	if (err)
+		return err;
 	for (k = 0; k < s->rs.nr; k++)
 		if (s->rs.r[k].addr == r.addr && s->rs.r[k].len == r.len)
 			break;
@@ -371,7 +356,7 @@ int uffdwp_session_remove_region(struct uffdwp_session *ss,
 		return -ENOENT;
 	if (s->rs.nr == 1)
 		return -EINVAL;
-	err = idle(s);
+	err = uw_session_idle(s);
 	if (!err)
 		err = change(s, NULL, k);
 	if (err)

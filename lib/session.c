@@ -356,10 +356,9 @@ static int fail_instant(struct uffdwp_snapshot *s, int err)
 	return err;
 }
 
-int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
+int uw_session_idle(struct uffdwp_snapshot *s)
 {
 	bool busy;
-	int dup;
 
 	pthread_mutex_lock(&s->lock);
 	busy = !s->done;
@@ -370,6 +369,15 @@ int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
 		pthread_join(s->copier, NULL);
 		s->copier_started = false;
 	}
+	return 0;
+}
+
+int uw_session_prepare(struct uffdwp_snapshot *s, int fd)
+{
+	int err = uw_session_idle(s), dup;
+
+	if (err)
+		return err;
 	/* Our own duplicate of FD (the copier closes it when done). */
 	dup = uw_snap_dup_sink(fd);
 	if (dup < 0)

@@ -238,13 +238,16 @@ int uw_regions_check_maps(const struct uw_regions *rs, bool *anon_private);
 bool uw_regions_hold_own_thread(const struct uw_regions *rs);
 
 /*
- * Sessions (session.c), as the pre-copy (precopy.c) uses them.
- * uw_session_prepare: -EBUSY while a snapshot runs; else join its copier
- * and make FD the sink.  uw_session_hold/release: the handler's instant
- * lock.  uw_session_instant: the instant (PREPARE first, under the
- * instant lock: it may add pages to the dirty bitmap or fail it), then
- * the copier's start; 0 or -errno (the next snapshot is then a base).
+ * Sessions (session.c), as the pre-copy (precopy.c) and the regions'
+ * changes (session-regions.c) use them.  uw_session_idle: -EBUSY while a
+ * snapshot runs; else 0, its copier joined.  uw_session_prepare:
+ * uw_session_idle(), then FD made the sink.  uw_session_hold/release: the
+ * handler's instant lock.  uw_session_instant: the instant (PREPARE
+ * first, under the instant lock: it may add pages to the dirty bitmap or
+ * fail it), then the copier's start; 0 or -errno (the next snapshot is
+ * then a base).
  */
+int uw_session_idle(struct uffdwp_snapshot *s);
 int uw_session_prepare(struct uffdwp_snapshot *s, int fd);
 /* Under the instant lock, before a delta's set is taken: pages neither
  * dirty nor write-protected (memory replaced under the session) marked

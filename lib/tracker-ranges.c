@@ -2,8 +2,9 @@
 /*
  * tracker-ranges.c: uffdwp_tracker_collect_ranges(), the pending pages of
  * a tracker as runs of adjacent pages.  The rounds are collect()'s
- * (tracker.c): gather only once the last gather's pages are all handed
- * out; a round whose last call filled MAX ends with a call returning 0.
+ * (uw_tracker_round_start/end, tracker.c): gather only once the last
+ * gather's pages are all handed out; a round whose last call filled MAX
+ * ends with a call returning 0.
  *
  * Only the collecting thread changes the pending bitmap (the backends'
  * gather runs in it), so the ranges are first written to the caller's
@@ -79,20 +80,13 @@ ssize_t uffdwp_tracker_collect_ranges(struct uffdwp_tracker *t,
 		return -EINVAL;
 	if (uw_tracker_foreign(t))
 		return -ECHILD;
-	if (!uw_bits_any(t->pending, t->words)) {
-		if (t->round_full) {
-			t->round_full = false;
-			return 0;
-		}
-		err = t->ops->gather(t);
-		if (err)
-			return err;
-	}
+	err = uw_tracker_round_start(t);
+	if (err <= 0)
+		return err;
 	n = runs(t, ranges, max, false);
 	if (n < 0)
 		return n;
 	runs(t, NULL, (size_t)n, true);
-	t->round_full = n && (size_t)n == max &&
-			!uw_bits_any(t->pending, t->words);
+	uw_tracker_round_end(t, (size_t)n, max);
 	return n;
 }

@@ -311,6 +311,29 @@ bool uw_bits_any(_Atomic uint64_t *map, size_t words)
 	return false;
 }
 
+/*
+ * Rounds: gather only once every page of the last gather has been handed
+ * out.  A caller that drains in chunks while writers run then sees a call
+ * return fewer than MAX and its loop end; what is written meanwhile waits
+ * for the next round, which the call after that starts.  A round whose
+ * last call returned exactly MAX pages ends with a call that returns 0.
+ */
+int uw_tracker_round_start(struct uffdwp_tracker *t)
+{
+	if (uw_bits_any(t->pending, t->words))
+		return 1;
+	if (t->round_full) {
+		t->round_full = false;
+		return 0;
+	}
+	return t->ops->gather(t) ?: 1;
+}
+
+void uw_tracker_round_end(struct uffdwp_tracker *t, size_t n, size_t max)
+{
+	t->round_full = n && n == max && !uw_bits_any(t->pending, t->words);
+}
+
 ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 			       size_t max)
 {
@@ -321,23 +344,9 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 		return -EINVAL;
 	if (foreign(t))
 		return -ECHILD;
-	/*
-	 * Rounds: gather only once every page of the last gather has been
-	 * handed out.  A caller that drains in chunks while writers run then
-	 * sees a call return fewer than MAX and its loop end; what is written
-	 * meanwhile waits for the next round, which the call after that
-	 * starts.  A round whose last call returned exactly MAX pages ends
-	 * with a call that returns 0.
-	 */
-	if (!uw_bits_any(t->pending, t->words)) {
-		if (t->round_full) {
-			t->round_full = false;
-			return 0;
-		}
-		err = t->ops->gather(t);
-		if (err)
-			return err;
-	}
+	err = uw_tracker_round_start(t);
+	if (err <= 0)
+		return err;
 	for (size_t w = 0; w < t->words && n < max; w++) {
 		uint64_t bits = atomic_load_explicit(&t->pending[w],
 						     memory_order_relaxed);
@@ -351,7 +360,7 @@ ssize_t uffdwp_tracker_collect(struct uffdwp_tracker *t, void **pages,
 			pages[n++] = (void *)uw_page_addr(&t->rs, w * 64 + b);
 		}
 	}
-	t->round_full = n && n == max && !uw_bits_any(t->pending, t->words);
+	uw_tracker_round_end(t, n, max);
 	return (ssize_t)n;
 }
 

@@ -38,32 +38,14 @@
 #include "uffdwp.h"
 
 static size_t psz;
-static char *msg;		/* the child's reason, shared */
-
-static void __attribute__((noreturn, format(printf, 2, 3)))
-leave(int code, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, 4096, fmt, ap);
-	va_end(ap);
-	_exit(code);
-}
 
 /* FN(ARG) in a child with a watchdog of SECS: "exit N" or "signal N". */
 static int in_child(void (*fn)(int), int arg, unsigned int secs)
 {
 	int st;
-	pid_t pid;
+	pid_t pid = tap_fork_case(secs);
 
-	msg[0] = 0;
-	fflush(stdout);
-	pid = fork();
-	if (pid < 0)
-		tap_bail("fork: %s", strerror(errno));
 	if (pid == 0) {
-		alarm(secs);
 		fn(arg);
 		_exit(0);
 	}
@@ -89,7 +71,7 @@ static char *map_guarded(size_t pages)
 		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
-		leave(1, "mmap: %s", strerror(errno));
+		tap_leave(1, "mmap: %s", strerror(errno));
 	mprotect(p, psz, PROT_NONE);
 	mprotect(p + (pages + 1) * psz, psz, PROT_NONE);
 	madvise(p + psz, pages * psz, MADV_NOHUGEPAGE);
@@ -141,6 +123,19 @@ static long round_of(struct uffdwp_tracker *t, char *base, size_t pages,
 	return total;
 }
 
+/* A tracker of backend B on 8 pages between guards (at *P); the child
+ * ends with CODE when there is none. */
+static struct uffdwp_tracker *track_guarded(char **p, int b, int code)
+{
+	struct uffdwp_region r = { map_guarded(8), 8 * psz };
+	struct uffdwp_tracker *t;
+
+	*p = r.addr;
+	if (uffdwp_tracker_new(&t, &r, 1, b))
+		tap_leave(code, "tracker_new failed");
+	return t;
+}
+
 static const enum uffdwp_backend segv_backends[] = {
 	UFFDWP_BACKEND_MPROTECT, UFFDWP_BACKEND_SOFT_DIRTY,
 };
@@ -155,8 +150,7 @@ static const enum uffdwp_backend segv_backends[] = {
  */
 static void c_made_writable(int b)
 {
-	char *p = map_guarded(8), perms[4];
-	struct uffdwp_region r = { p, 8 * psz };
+	char *p, perms[4];
 	struct uffdwp_tracker *t;
 	uint64_t set;
 	long n;
@@ -164,11 +158,10 @@ static void c_made_writable(int b)
 		   PROT_READ;
 
 	if (uffdwp_backend_available(b))
-		leave(77, "no %s backend here", uffdwp_backend_name(b));
-	if (uffdwp_tracker_new(&t, &r, 1, b))
-		leave(1, "tracker_new failed");
+		tap_leave(77, "no %s backend here", uffdwp_backend_name(b));
+	t = track_guarded(&p, b, 1);
 	if ((n = round_of(t, p, 8, &set)) != 0)
-		leave(1, "quiet round: %ld", n);
+		tap_leave(1, "quiet round: %ld", n);
 	p[3 * psz] = 3;			/* tracked */
 	mprotect(p, 8 * psz, want);
 	if (b == UFFDWP_BACKEND_MPROTECT) {
@@ -177,37 +170,34 @@ static void c_made_writable(int b)
 	}
 	n = round_of(t, p, 8, &set);
 	if (n != -ESTALE)
-		leave(1, "collect after the program's mprotect: %ld (want -ESTALE)",
-		      n);
+		tap_leave(1, "collect after the program's mprotect: %ld (want -ESTALE)",
+			  n);
 	n = round_of(t, p, 8, &set);
 	if (n != 8 || set != 0xff)
-		leave(1, "the round after -ESTALE: %ld pages, set %#llx (want all 8)",
-		      n, (unsigned long long)set);
+		tap_leave(1, "the round after -ESTALE: %ld pages, set %#llx (want all 8)",
+			  n, (unsigned long long)set);
 	n = round_of(t, p, 8, &set);
 	if (n != 8)
-		leave(1, "a later round: %ld pages (want all 8: nothing is seen there any more)",
-		      n);
+		tap_leave(1, "a later round: %ld pages (want all 8: nothing is seen there any more)",
+			  n);
 	perms_of(p, perms);
 	if (strcmp(perms, want & PROT_WRITE ? "rw-" : "r--"))
-		leave(1, "after collect: %s, not the program's", perms);
+		tap_leave(1, "after collect: %s, not the program's", perms);
 	uffdwp_tracker_free(t);
 	perms_of(p, perms);
 	if (strcmp(perms, want & PROT_WRITE ? "rw-" : "r--"))
-		leave(1, "after free: %s, not the program's", perms);
+		tap_leave(1, "after free: %s, not the program's", perms);
 }
 
 /* Made PROT_NONE (a guard page): a read there is the program's fault. */
 static void c_prot_none_dies(int b)
 {
-	char *p = map_guarded(8);
-	struct uffdwp_region r = { p, 8 * psz };
-	struct uffdwp_tracker *t;
+	char *p;
 
-	if (uffdwp_tracker_new(&t, &r, 1, b))
-		leave(3, "tracker_new failed");
+	track_guarded(&p, b, 3);
 	mprotect(p + 3 * psz, psz, PROT_NONE);
 	(void)*(volatile char *)(p + 3 * psz);	/* must die here */
-	leave(5, "read of a PROT_NONE page went on");
+	tap_leave(5, "read of a PROT_NONE page went on");
 }
 
 /* Written (the tracker made it writable), then read-only again by the
@@ -215,21 +205,18 @@ static void c_prot_none_dies(int b)
  * program's fault. */
 static void c_readonly_after_write_dies(int b)
 {
-	char *p = map_guarded(8);
-	struct uffdwp_region r = { p, 8 * psz };
-	struct uffdwp_tracker *t;
+	char *p;
+	struct uffdwp_tracker *t = track_guarded(&p, b, 3);
 	uint64_t set;
 	long n;
 
-	if (uffdwp_tracker_new(&t, &r, 1, b))
-		leave(3, "tracker_new failed");
 	p[psz] = 1;
 	mprotect(p + psz, psz, PROT_READ);
 	p[2 * psz] = 1;				/* another fault between */
 	if ((n = round_of(t, p, 8, &set)) != -ESTALE)
-		leave(4, "collect: %ld (want -ESTALE)", n);
+		tap_leave(4, "collect: %ld (want -ESTALE)", n);
 	((volatile char *)p)[psz] = 2;		/* must die here */
-	leave(5, "write to a page the program made read-only went on");
+	tap_leave(5, "write to a page the program made read-only went on");
 }
 
 /* The same with a collect in between: it says -ESTALE and leaves the
@@ -257,7 +244,7 @@ static void c_readonly_kept(int b)
 	long n;
 
 	if (uffdwp_tracker_new(&t, &r, 1, b))
-		leave(1, "tracker_new failed");
+		tap_leave(1, "tracker_new failed");
 	/* the program's handler, the library's in front of it */
 	uffdwp_tracker_free(t);
 	memset(&sa, 0, sizeof(sa));
@@ -265,48 +252,45 @@ static void c_readonly_kept(int b)
 	sa.sa_flags = SA_SIGINFO;
 	sigaction(SIGSEGV, &sa, NULL);
 	if (uffdwp_tracker_new(&t, &r, 1, b))
-		leave(1, "tracker_new failed");
+		tap_leave(1, "tracker_new failed");
 	p[psz] = 1;
 	mprotect(p + psz, psz, PROT_READ);
 	n = round_of(t, p, 8, &set);
 	if (n != -ESTALE)
-		leave(1, "collect: %ld (want -ESTALE)", n);
+		tap_leave(1, "collect: %ld (want -ESTALE)", n);
 	perms_of(p + psz, perms);
 	if (strcmp(perms, "r--"))
-		leave(1, "after collect: %s (the program made it r--)", perms);
+		tap_leave(1, "after collect: %s (the program made it r--)", perms);
 	handler_page = p + psz;
 	((volatile char *)p)[psz] = 2;
 	if (atomic_load(&handler_calls) != 1)
-		leave(1, "the program's handler got %d faults (want 1)",
-		      atomic_load(&handler_calls));
+		tap_leave(1, "the program's handler got %d faults (want 1)",
+			  atomic_load(&handler_calls));
 	n = round_of(t, p, 8, &set);
 	if (n != 8)
-		leave(1, "round after -ESTALE: %ld (want 8)", n);
+		tap_leave(1, "round after -ESTALE: %ld (want 8)", n);
 	uffdwp_tracker_free(t);
 }
 
 /* munmap() and mmap() again under an mprotect tracker. */
 static void c_replaced(int b)
 {
-	char *p = map_guarded(8);
-	struct uffdwp_region r = { p, 8 * psz };
-	struct uffdwp_tracker *t;
+	char *p;
+	struct uffdwp_tracker *t = track_guarded(&p, b, 1);
 	uint64_t set;
 	long n;
 
-	if (uffdwp_tracker_new(&t, &r, 1, b))
-		leave(1, "tracker_new failed");
 	munmap(p + 4 * psz, 2 * psz);
 	if (mmap(p + 4 * psz, 2 * psz, PROT_READ | PROT_WRITE,
 		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != p + 4 * psz)
-		leave(1, "mmap: %s", strerror(errno));
+		tap_leave(1, "mmap: %s", strerror(errno));
 	p[4 * psz] = 4;			/* raises no fault */
 	n = round_of(t, p, 8, &set);
 	if (n != -ESTALE)
-		leave(1, "collect after munmap + mmap: %ld (want -ESTALE)", n);
+		tap_leave(1, "collect after munmap + mmap: %ld (want -ESTALE)", n);
 	n = round_of(t, p, 8, &set);
 	if (n != 8)
-		leave(1, "round after -ESTALE: %ld (want 8)", n);
+		tap_leave(1, "round after -ESTALE: %ld (want 8)", n);
 	uffdwp_tracker_free(t);
 }
 
@@ -342,10 +326,10 @@ static pthread_t stack_region(struct uffdwp_region *r)
 	size_t size;
 
 	if (pthread_create(&th, NULL, spinner, NULL))
-		leave(1, "pthread_create");
+		tap_leave(1, "pthread_create");
 	if (pthread_getattr_np(th, &at) ||
 	    pthread_attr_getstack(&at, &stack, &size))
-		leave(1, "pthread_getattr_np");
+		tap_leave(1, "pthread_getattr_np");
 	pthread_attr_destroy(&at);
 	uintptr_t a = ((uintptr_t)stack + psz - 1) & ~(uintptr_t)(psz - 1);
 	uintptr_t e = ((uintptr_t)stack + size) & ~(uintptr_t)(psz - 1);
@@ -365,8 +349,8 @@ static void spinner_check(pthread_t th, const char *what)
 	for (int i = 0; i < 2000 && atomic_load(&spin_calls) < before + 100; i++)
 		usleep(1000);
 	if (atomic_load(&spin_calls) < before + 100)
-		leave(1, "%s: the thread stopped calling functions (%lu calls)",
-		      what, atomic_load(&spin_calls) - before);
+		tap_leave(1, "%s: the thread stopped calling functions (%lu calls)",
+			  what, atomic_load(&spin_calls) - before);
 	atomic_store(&spin_stop, 1);
 	pthread_join(th, NULL);
 }
@@ -379,12 +363,12 @@ static void c_stack_tracker(int b)
 	int err;
 
 	if (uffdwp_backend_available(b))
-		leave(77, "no %s backend here", uffdwp_backend_name(b));
+		tap_leave(77, "no %s backend here", uffdwp_backend_name(b));
 	th = stack_region(&r);
 	err = uffdwp_tracker_new(&t, &r, 1, b);
 	if (err && b != UFFDWP_BACKEND_MPROTECT &&
 	    b != UFFDWP_BACKEND_SOFT_DIRTY)
-		leave(1, "tracker_new: %d (want 0)", err);
+		tap_leave(1, "tracker_new: %d (want 0)", err);
 	for (int i = 0; t && i < 5; i++) {
 		void *pg[64];
 		ssize_t n;
@@ -394,14 +378,14 @@ static void c_stack_tracker(int b)
 			n = uffdwp_tracker_collect(t, pg, 64);
 		while (n == 64);
 		if (n < 0)
-			leave(1, "collect: %zd", n);
+			tap_leave(1, "collect: %zd", n);
 	}
 	spinner_check(th, uffdwp_backend_name(b));
 	uffdwp_tracker_free(t);
 	/* Their SIGSEGV handler would have to run on that stack. */
 	if ((b == UFFDWP_BACKEND_MPROTECT || b == UFFDWP_BACKEND_SOFT_DIRTY) &&
 	    err != -EDEADLK)
-		leave(1, "tracker_new: %d (want -EDEADLK)", err);
+		tap_leave(1, "tracker_new: %d (want -EDEADLK)", err);
 }
 
 static int tmpfd(void)
@@ -410,7 +394,7 @@ static int tmpfd(void)
 	int fd = mkstemp(path);
 
 	if (fd < 0)
-		leave(1, "mkstemp: %s", strerror(errno));
+		tap_leave(1, "mkstemp: %s", strerror(errno));
 	unlink(path);
 	return fd;
 }
@@ -424,7 +408,7 @@ static void c_stack_snapshot(int session)
 
 	uffdwp_probe(&f);
 	if (!f.wp)
-		leave(77, "no sync write-protect here");
+		tap_leave(77, "no sync write-protect here");
 	th = stack_region(&r);
 	if (!session) {
 		struct uffdwp_snapshot_opts o = { .sink_fd = fd };
@@ -432,24 +416,24 @@ static void c_stack_snapshot(int session)
 
 		err = uffdwp_snapshot_start(&s, &r, 1, &o);
 		if (err)
-			leave(1, "snapshot_start: %d", err);
+			tap_leave(1, "snapshot_start: %d", err);
 		if ((err = uffdwp_snapshot_wait(s, 20000)))
-			leave(1, "snapshot_wait: %d", err);
+			tap_leave(1, "snapshot_wait: %d", err);
 		uffdwp_snapshot_free(s);
 		if (lseek(fd, 0, SEEK_CUR) != (off_t)r.len)
-			leave(1, "sink got %ld bytes of %zu",
-			      (long)lseek(fd, 0, SEEK_CUR), r.len);
+			tap_leave(1, "sink got %ld bytes of %zu",
+				  (long)lseek(fd, 0, SEEK_CUR), r.len);
 	} else {
 		struct uffdwp_session *ss;
 
 		err = uffdwp_session_new(&ss, &r, 1, NULL);
 		if (err)
-			leave(1, "session_new: %d", err);
+			tap_leave(1, "session_new: %d", err);
 		for (int i = 0; i < 3; i++) {
 			if ((err = uffdwp_session_snapshot(ss, fd, 0)))
-				leave(1, "snapshot %d: %d", i, err);
+				tap_leave(1, "snapshot %d: %d", i, err);
 			if ((err = uffdwp_session_wait(ss, 20000)))
-				leave(1, "wait %d: %d", i, err);
+				tap_leave(1, "wait %d: %d", i, err);
 			usleep(20000);
 		}
 		uffdwp_session_free(ss);
@@ -465,16 +449,16 @@ static void run(const char *name, void (*fn)(int), int arg, bool must_die)
 	int st = in_child(fn, arg, 30);
 
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
-		tap_skip(name, "%s", msg);
+		tap_skip(name, "%s", tap_msg);
 		return;
 	}
 	if (must_die)
 		tap_check(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, name,
 			  "child %s (want killed by SIGSEGV, as without the library) %s",
-			  status_text(st, why, sizeof(why)), msg);
+			  status_text(st, why, sizeof(why)), tap_msg);
 	else
 		tap_check(WIFEXITED(st) && WEXITSTATUS(st) == 0, name,
-			  "child %s %s", status_text(st, why, sizeof(why)), msg);
+			  "child %s %s", status_text(st, why, sizeof(why)), tap_msg);
 }
 
 int main(void)
@@ -482,9 +466,7 @@ int main(void)
 	char name[96];
 
 	psz = (size_t)sysconf(_SC_PAGESIZE);
-	msg = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-		   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (msg == MAP_FAILED)
+	if (!tap_child_init())
 		return 1;
 	tap_plan(2 + 4 + 4 + 2);
 	for (size_t i = 0; i < 2; i++) {

@@ -44,42 +44,30 @@
 
 static size_t psz;
 static struct uffdwp_features F;
-static char *msg;		/* shared with the case's child */
 static void *const GARBAGE = (void *)(uintptr_t)0x10;	/* never mapped */
-
-/* In a case's child: record why and end the child (1: failed, 77: skip). */
-static void __attribute__((noreturn, format(printf, 2, 3)))
-leave(int code, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, 4096, fmt, ap);
-	va_end(ap);
-	_exit(code);
-}
 
 #define CHECK(cond, ...)						\
 	do {								\
 		if (!(cond))						\
-			leave(1, __VA_ARGS__);				\
+			tap_leave(1, __VA_ARGS__);			\
 	} while (0)
 /* An expression that must give exactly WANT (a -errno or 0). */
 #define EXPECT(expr, want)						\
 	do {								\
 		long _r = (long)(expr);					\
 		if (_r != (long)(want))					\
-			leave(1, "line %d: %s = %ld (%s), want %ld",	\
-			      __LINE__, #expr, _r,			\
-			      _r < 0 ? strerror((int)-_r) : "", (long)(want)); \
+			tap_leave(1, "line %d: %s = %ld (%s), want %ld", \
+				  __LINE__, #expr, _r,			\
+				  _r < 0 ? strerror((int)-_r) : "",	\
+				  (long)(want));			\
 	} while (0)
 /* An expression that must fail (< 0) and not be WORSE. */
 #define EXPECT_ERR(expr)						\
 	do {								\
 		long _r = (long)(expr);					\
 		if (_r >= 0)						\
-			leave(1, "line %d: %s = %ld, want an error",	\
-			      __LINE__, #expr, _r);			\
+			tap_leave(1, "line %d: %s = %ld, want an error", \
+				  __LINE__, #expr, _r);			\
 	} while (0)
 
 static void c_probe_emfile(void);
@@ -91,13 +79,8 @@ static void run(const char *name, int secs, void (*fn)(void))
 	int st = 0;
 	pid_t pid, w;
 
-	msg[0] = 0;
-	fflush(stdout);
-	pid = fork();
-	if (pid < 0)
-		tap_bail("fork: %s", strerror(errno));
+	pid = tap_fork_case((unsigned int)secs);
 	if (pid == 0) {
-		alarm((unsigned int)secs);
 		/* The probe's cache starts empty in each case (the parent
 		 * never calls the library); the EMFILE case probes first. */
 		if (fn != c_probe_emfile)
@@ -120,14 +103,14 @@ static void run(const char *name, int secs, void (*fn)(void))
 		usleep(10000);
 	}
 	if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
-		tap_fail(name, "hung: no result in %d s %s", secs, msg);
+		tap_fail(name, "hung: no result in %d s %s", secs, tap_msg);
 	else if (WIFSIGNALED(st))
 		tap_fail(name, "killed by signal %d (%s) %s", WTERMSIG(st),
-			 strsignal(WTERMSIG(st)), msg);
+			 strsignal(WTERMSIG(st)), tap_msg);
 	else if (WEXITSTATUS(st) == 77)
-		tap_skip(name, "%s", msg);
+		tap_skip(name, "%s", tap_msg);
 	else
-		tap_check(WEXITSTATUS(st) == 0, name, "%s", msg);
+		tap_check(WEXITSTATUS(st) == 0, name, "%s", tap_msg);
 }
 
 static char *map_anon(size_t pages)
@@ -153,7 +136,7 @@ static int tmpfile_fd(void)
 static void need_wp(void)
 {
 	if (!F.wp)
-		leave(77, "kernel has no sync write-protect for anonymous memory");
+		tap_leave(77, "kernel has no sync write-protect for anonymous memory");
 }
 
 /* ---- version, probe, open, names ---- */
@@ -639,8 +622,8 @@ static void c_snapshot_no_threads(void)
 	if (!err) {
 		err = uffdwp_snapshot_wait(s, 20000);
 		uffdwp_snapshot_free(s);
-		leave(77, "the snapshot found room for its threads (wait %d)",
-		      err);
+		tap_leave(77, "the snapshot found room for its threads (wait %d)",
+			  err);
 	}
 	CHECK(err == -ENOMEM, "start under RLIMIT_AS: %d (%s), want -ENOMEM",
 	      err, strerror(-err));
@@ -968,7 +951,7 @@ static void c_tracker_regions(void)
 		}
 	}
 	if (!tried)
-		leave(77, "no backend available");
+		tap_leave(77, "no backend available");
 }
 
 /* The mprotect backend over the caller's own stack: an error, not a
@@ -1043,7 +1026,7 @@ static void c_tracker_fork(void)
 		uffdwp_tracker_free(t);
 	}
 	if (!tried)
-		leave(77, "no backend available");
+		tap_leave(77, "no backend available");
 }
 
 /* Misuse under a tracker: munmap, PROT_NONE, free while writers run. */
@@ -1217,7 +1200,7 @@ static void c_v04_session(void)
 		_exit(0);
 	}
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
-	      !WEXITSTATUS(st), "child: status %#x %s", st, msg);
+	      !WEXITSTATUS(st), "child: status %#x %s", st, tap_msg);
 	EXPECT(uffdwp_session_add_region(ss, &rq), 0);
 	EXPECT(uffdwp_session_dirty(ss), 10);
 	/* Removed after its memory was unmapped: still removed. */
@@ -1343,9 +1326,7 @@ int main(void)
 	size_t n = sizeof(cases) / sizeof(cases[0]);
 
 	psz = (size_t)sysconf(_SC_PAGESIZE);
-	msg = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-		   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (msg == MAP_FAILED)
+	if (!tap_child_init())
 		return 1;
 	tap_plan((int)n);
 	for (size_t i = 0; i < n; i++)

@@ -765,75 +765,33 @@ static const char *find_tool(void)
 	return "/bin/uffdwp";
 }
 
-/* session-tool-restore: `uffdwp restore` rebuilds the image from a base
- * and two deltas written to files. */
-static void t_tool_restore(void)
+/* A restore case's start: TOOL there, and DIR made from its template
+ * (mkdtemp); false (the case failed, saying why) when either is not. */
+static bool restore_dir(const char *name, const char *tool, char *dir)
 {
-	const char *name = "session-tool-restore";
-	const char *tool = find_tool();
-	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64], out[64];
-	size_t len = 24 * psz;
-	char *p = map(len), *img = malloc(len);
-	struct uffdwp_region r = { p, len };
-	struct uffdwp_session *ss = NULL;
-	int err = 0, status = -1, got = -1;
-
-	if (skip_no_wp(name))
-		return;
 	if (access(tool, X_OK)) {
 		tap_fail(name, "%s: %s (set UFFDWP_TOOL)", tool, strerror(errno));
-		return;
+		return false;
 	}
 	if (!mkdtemp(dir)) {
 		tap_fail(name, "mkdtemp: %s", strerror(errno));
-		return;
+		return false;
 	}
-	fill(p, len, 7);
-	err = uffdwp_session_new(&ss, &r, 1, NULL);
-	for (int i = 0; i < 3 && !err; i++) {
-		int fd;
+	return true;
+}
 
-		snprintf(path[i], sizeof(path[i]), "%s/%d.snap", dir, i);
-		fd = open(path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		err = fd < 0 ? -errno : snap(ss, fd, 0, NULL);
-		if (fd >= 0)
-			close(fd);
-		p[(3 + 5 * i) * psz] ^= 0x11;
-		p[(4 + 5 * i) * psz + 9] ^= 0x22;
-	}
-	uffdwp_session_free(ss);
-	p[13 * psz] ^= 0x11;	/* undo the writes after the last instant */
-	p[14 * psz + 9] ^= 0x22;
-	snprintf(out, sizeof(out), "%s/image", dir);
-	if (!err) {
-		pid_t pid = fork();
+/* A snapshot of SS into the new file DIR/I.snap (its name into PATH). */
+static int snap_file(struct uffdwp_session *ss, const char *dir, int i,
+		     char path[64])
+{
+	int fd, err;
 
-		if (pid == 0) {
-			execl(tool, tool, "restore", "--out", out, path[0],
-			      path[1], path[2], (char *)NULL);
-			_exit(127);
-		}
-		if (pid > 0)
-			waitpid(pid, &status, 0);
-	}
-	if (!err && WIFEXITED(status) && !WEXITSTATUS(status)) {
-		int fd = open(out, O_RDONLY | O_CLOEXEC);
-
-		got = fd < 0 ? -1 : (int)read(fd, img, len);
-		if (fd >= 0)
-			close(fd);
-	}
-	tap_check(!err && WIFEXITED(status) && !WEXITSTATUS(status) &&
-		  got == (int)len && !memcmp(img, p, len), name,
-		  "err %d, %s restore: status %#x, image %d bytes (want %zu), %s",
-		  err, tool, status, got, len,
-		  got == (int)len && !memcmp(img, p, len) ? "same" : "differs");
-	for (int i = 0; i < 3; i++)
-		unlink(path[i]);
-	unlink(out);
-	rmdir(dir);
-	munmap(p, len);
-	free(img);
+	snprintf(path, 64, "%s/%d.snap", dir, i);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	err = fd < 0 ? -errno : snap(ss, fd, 0, NULL);
+	if (fd >= 0)
+		close(fd);
+	return err;
 }
 
 /* `uffdwp restore --out OUT FILES...`: its exit status, and the image
@@ -864,6 +822,55 @@ static int run_restore(const char *tool, const char *out, char **files,
 	return status;
 }
 
+/* A restore case's end: its three snapshot files, OUT and DIR removed. */
+static void restore_clean(const char *dir, char path[][64], const char *out)
+{
+	for (int i = 0; i < 3; i++)
+		unlink(path[i]);
+	unlink(out);
+	rmdir(dir);
+}
+
+/* session-tool-restore: `uffdwp restore` rebuilds the image from a base
+ * and two deltas written to files. */
+static void t_tool_restore(void)
+{
+	const char *name = "session-tool-restore";
+	const char *tool = find_tool();
+	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64] = { "" }, out[64];
+	char *files[3] = { path[0], path[1], path[2] };
+	size_t len = 24 * psz;
+	char *p = map(len), *img = malloc(len);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_session *ss = NULL;
+	ssize_t got = -1;
+	int err = 0, status = -1;
+
+	if (skip_no_wp(name) || !restore_dir(name, tool, dir))
+		return;
+	fill(p, len, 7);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	for (int i = 0; i < 3 && !err; i++) {
+		err = snap_file(ss, dir, i, path[i]);
+		p[(3 + 5 * i) * psz] ^= 0x11;
+		p[(4 + 5 * i) * psz + 9] ^= 0x22;
+	}
+	uffdwp_session_free(ss);
+	p[13 * psz] ^= 0x11;	/* undo the writes after the last instant */
+	p[14 * psz + 9] ^= 0x22;
+	snprintf(out, sizeof(out), "%s/image", dir);
+	if (!err)
+		status = run_restore(tool, out, files, 3, img, len, &got);
+	tap_check(!err && WIFEXITED(status) && !WEXITSTATUS(status) &&
+		  got == (ssize_t)len && !memcmp(img, p, len), name,
+		  "err %d, %s restore: status %#x, image %zd bytes (want %zu), %s",
+		  err, tool, status, got, len,
+		  got == (ssize_t)len && !memcmp(img, p, len) ? "same" : "differs");
+	restore_clean(dir, path, out);
+	munmap(p, len);
+	free(img);
+}
+
 /*
  * session-tool-restore-regions-changed: `uffdwp restore` follows the
  * regions: a base of A, a delta after B was added (the image is A and B
@@ -874,7 +881,7 @@ static void t_tool_restore_regions(void)
 {
 	const char *name = "session-tool-restore-regions-changed";
 	const char *tool = find_tool();
-	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64], out[64];
+	char dir[] = "/tmp/lib-session-XXXXXX", path[3][64] = { "" }, out[64];
 	char *files[3] = { path[0], path[1], path[2] };
 	size_t la = 16 * psz, lb = 8 * psz;
 	char *a = map(la), *b = map(lb), *want2 = malloc(la + lb);
@@ -885,32 +892,18 @@ static void t_tool_restore_regions(void)
 	int err = 0, st2 = -1, st3 = -1;
 	bool ok2 = false, ok3 = false;
 
-	if (skip_no_wp(name))
+	if (skip_no_wp(name) || !restore_dir(name, tool, dir))
 		return;
-	if (access(tool, X_OK)) {
-		tap_fail(name, "%s: %s (set UFFDWP_TOOL)", tool, strerror(errno));
-		return;
-	}
-	if (!mkdtemp(dir)) {
-		tap_fail(name, "mkdtemp: %s", strerror(errno));
-		return;
-	}
 	fill(a, la, 51);
 	fill(b, lb, 52);
 	err = uffdwp_session_new(&ss, &ra, 1, NULL);
 	for (int i = 0; i < 3 && !err; i++) {
-		int fd;
-
 		if (i == 1)
 			err = uffdwp_session_add_region(ss, &rb);
 		if (i == 2)
 			err = uffdwp_session_remove_region(ss, &ra);
-		snprintf(path[i], sizeof(path[i]), "%s/%d.snap", dir, i);
-		fd = open(path[i], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 		if (!err)
-			err = fd < 0 ? -errno : snap(ss, fd, 0, NULL);
-		if (fd >= 0)
-			close(fd);
+			err = snap_file(ss, dir, i, path[i]);
 		if (i == 1) {
 			memcpy(want2 + (a < b ? 0 : lb), a, la);
 			memcpy(want2 + (a < b ? la : 0), b, lb);
@@ -933,10 +926,7 @@ static void t_tool_restore_regions(void)
 		  "err %d; base + delta (B added): status %#x, %zd bytes (want %zu), %s; + delta (A removed): status %#x, %zd bytes (want %zu), %s",
 		  err, st2, got2, la + lb, ok2 ? "same" : "differs", st3, got3,
 		  lb, ok3 ? "same" : "differs");
-	for (int i = 0; i < 3; i++)
-		unlink(path[i]);
-	unlink(out);
-	rmdir(dir);
+	restore_clean(dir, path, out);
 	munmap(a, la);
 	munmap(b, lb);
 	free(want2);

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0
 /* tap.c: see tap.h. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "tap.h"
@@ -130,4 +132,41 @@ void tap_bail(const char *fmt, ...)
 		line("not ok %d bail-out-%d # not run: %s", reported, reported, buf);
 	}
 	exit(1);
+}
+
+char *tap_msg;
+
+bool tap_child_init(void)
+{
+	void *p = mmap(NULL, TAP_MSG_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return false;
+	tap_msg = p;
+	return true;
+}
+
+pid_t tap_fork_case(unsigned int secs)
+{
+	pid_t pid;
+
+	tap_msg[0] = 0;
+	fflush(stdout);
+	pid = fork();
+	if (pid < 0)
+		tap_bail("fork: %s", strerror(errno));
+	if (pid == 0)
+		alarm(secs);
+	return pid;
+}
+
+void tap_leave(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(tap_msg, TAP_MSG_SIZE, fmt, ap);
+	va_end(ap);
+	_exit(code);
 }

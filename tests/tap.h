@@ -12,6 +12,7 @@
 #define UFFDWP_TESTS_TAP_H
 
 #include <stdbool.h>
+#include <sys/types.h>
 
 void tap_plan(int n);
 /* Report one case.  The diagnostic (printf-style) is shown only on failure. */
@@ -29,5 +30,20 @@ void tap_diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int tap_done(void);
 /* Give up: report the remaining planned cases as failed and exit. */
 void tap_bail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/*
+ * Cases run each in a child process with a watchdog.  tap_child_init(),
+ * before the first: map the page shared with the children, tap_msg (false
+ * when it cannot).  tap_fork_case(): tap_msg emptied, stdout flushed,
+ * fork() (bailing out when it fails); the child (0 returned) has set
+ * alarm(SECS).  tap_leave(), in the child: the reason into tap_msg, then
+ * _exit(CODE).
+ */
+#define TAP_MSG_SIZE 4096
+extern char *tap_msg;
+bool tap_child_init(void);
+pid_t tap_fork_case(unsigned int secs);
+void tap_leave(int code, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3), noreturn));
 
 #endif
