@@ -2,7 +2,7 @@
 /*
  * wp-refusal: a kernel that has uffd-wp built in but whose page tables
  * cannot carry it on this boot (powerpc64 under the hash MMU, series patch
- * 53's pgtable_supports_uffd_wp()) refuses write-protection cleanly and
+ * 54's pgtable_supports_uffd_wp()) refuses write-protection cleanly and
  * keeps the rest of userfaultfd working.
  *
  *  - the boot really is the one the lane means: /proc/cpuinfo says
