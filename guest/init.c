@@ -26,6 +26,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,26 @@ static void mount_or_warn(const char *src, const char *dst, const char *type,
 	mkdir(dst, 0755);
 	if (mount(src, dst, type, 0, opts))
 		say("@@WARN mount %s on %s: %s", type, dst, strerror(errno));
+}
+
+/* Whether the kernel command line has WORD as one of its words. */
+static bool cmdline_has(const char *word)
+{
+	char buf[4096], *tok, *save = NULL;
+	int fd = open("/proc/cmdline", O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	for (tok = strtok_r(buf, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save))
+		if (!strcmp(tok, word))
+			return true;
+	return false;
 }
 
 static int write_file(const char *path, const char *val)
@@ -317,7 +338,12 @@ int main(void)
 	mount_or_warn("debugfs", "/sys/kernel/debug", "debugfs", NULL);
 	mount_or_warn("tmpfs", "/tmp", "tmpfs", "mode=1777");
 	mount_or_warn("tmpfs", "/dev/shm", "tmpfs", "mode=1777");
-	mount_or_warn("hugetlbfs", "/mnt/huge", "hugetlbfs", "mode=1777");
+	/* a lane booted where the kernel has no huge page size (the hash MMU
+	 * under QEMU) says so with uffdwp.no_hugetlbfs: nothing to mount */
+	if (cmdline_has("uffdwp.no_hugetlbfs"))
+		say("# no hugetlbfs: the lane boots without huge page sizes");
+	else
+		mount_or_warn("hugetlbfs", "/mnt/huge", "hugetlbfs", "mode=1777");
 	setup_swap();
 	setenv("PATH", "/bin", 1);
 	setenv("HOME", "/tmp", 1);
