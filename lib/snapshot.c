@@ -345,6 +345,15 @@ void uw_snap_destroy(struct uffdwp_snapshot *s)
 	struct uffd_msg m;
 
 	s->magic = 0;
+	/*
+	 * A session keeps its pages protected between snapshots, and only
+	 * its handler lets a write there go.  Joining our threads below
+	 * writes glibc's list of thread stacks, whose neighbours may be
+	 * another thread's descriptor at the top of its stack, in a region
+	 * (riscv64 hung here): let every writer go while the handler still
+	 * runs.
+	 */
+	uw_snap_unprotect_all(s);
 	if (s->stop_fd >= 0) {
 		uint64_t one = 1;
 
