@@ -37,6 +37,8 @@
  *    uffd-wp marker must still be found by the overflow recovery (discarding
  *    reset + PAGEMAP_SCAN), whether it happened while the ring was full or
  *    its entry was discarded.
+ *  overflow-scan-finds-hugetlb-dontneed-mremap: the same for private huge
+ *    pages zapped and then moved by mremap() to where no page table is.
  *  private-file-cow-dontneed-logged: MADV_DONTNEED of a private file
  *    mapping's own copy of a page brings back the file's content: an entry
  *    must name it, and the page's next write after the harvest be logged.
@@ -947,6 +949,119 @@ static void case_ovf_hugetlb(void) { overflow_removal(RM_HUGETLB_DONTNEED); }
 static void case_ovf_shmem(void) { overflow_removal(RM_SHMEM_PUNCH); }
 static void case_ovf_hugetlbfs(void) { overflow_removal(RM_HUGETLBFS_PUNCH); }
 
+/*
+ * Found by the adversarial review of series patch 55: an empty hugetlb
+ * entry of a ring context reads as written to PAGEMAP_SCAN only where a
+ * page table holds the entry.  MADV_DONTNEED of protected private huge
+ * pages logs them and leaves no marker; mremap() then moves the VMA (the
+ * ring overflows, its entries name the old addresses) and allocates no
+ * table at the destination for entries that are none.  The recovery's
+ * scan of the new range found a hole there, reported nothing, and the
+ * pages, zero now, were lost to the consumer.
+ */
+struct remap_arg {
+	void *from, *to;
+	size_t len;
+	int err;
+};
+
+static void *remap_thread(void *arg)
+{
+	struct remap_arg *a = arg;
+
+	if (mremap(a->from, a->len, a->len, MREMAP_MAYMOVE | MREMAP_FIXED,
+		   a->to) == MAP_FAILED)
+		a->err = -errno;
+	return NULL;
+}
+
+static void case_ovf_hugetlb_mremap(void)
+{
+	size_t len = 2 * HPAGE_SIZE, gib = 1UL << 30;
+	struct remap_arg ra = { .len = len };
+	struct uring_view r;
+	struct uffd_msg msg;
+	struct seen sn;
+	pthread_t th;
+	char *p, *res, *to;
+	long got;
+	int err;
+
+	if (!hugetlb_reserved()) {
+		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+		return;
+	}
+	if (open_ring(&r, 64, UFFD_FEATURE_EVENT_REMAP))
+		return;
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	if (p == MAP_FAILED) {
+		say(V_FAIL, "mmap(MAP_HUGETLB): %s", strerror(errno));
+		return;
+	}
+	memset(p, 0x3c, len);
+	if (track(&r, p, len))
+		return;
+	/* A destination alone in its own GiB: no page table there. */
+	res = mmap(NULL, 2 * gib, PROT_NONE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (res == MAP_FAILED) {
+		say(V_FAIL, "mmap of the reservation: %s", strerror(errno));
+		return;
+	}
+	to = (char *)(((uintptr_t)res + gib - 1) & ~(uintptr_t)(gib - 1));
+	munmap(res, 2 * gib);
+	if (madvise(p, len, MADV_DONTNEED)) {
+		say(V_FAIL, "MADV_DONTNEED: %s", strerror(errno));
+		return;
+	}
+	/* mremap() waits for its UFFD_EVENT_REMAP to be read. */
+	ra.from = p;
+	ra.to = to;
+	if (pthread_create(&th, NULL, remap_thread, &ra)) {
+		say(V_FAIL, "pthread_create");
+		return;
+	}
+	for (;;) {
+		ssize_t n = read(r.uffd, &msg, sizeof(msg));
+
+		if (n == sizeof(msg) && msg.event == UFFD_EVENT_REMAP)
+			break;
+		if (n < 0 && errno != EAGAIN && errno != EINTR) {
+			say(V_FAIL, "read of the uffd: %s", strerror(errno));
+			return;
+		}
+		usleep(1000);
+	}
+	pthread_join(th, NULL);
+	if (ra.err) {
+		say(V_FAIL, "mremap: %s", strerror(-ra.err));
+		return;
+	}
+	if (!ring_overflowed(&r)) {
+		say(V_FAIL, "mremap of a ring context's range did not set the overflow flag");
+		return;
+	}
+	/* The consumer's recovery: discard, clear, scan everything. */
+	err = ring_reset(&r, ring_producer(&r), UFFDIO_RING_RESET_DISCARD |
+			 UFFDIO_RING_RESET_CLEAR_OVERFLOW, NULL);
+	if (err) {
+		say(V_FAIL, "discarding reset: %s", strerror(-err));
+		return;
+	}
+	sn = (struct seen){ (unsigned long)to, (unsigned long)to + len, false };
+	got = scan_written_reprotect(to, len, seen_cb, &sn);
+	if (got < 0) {
+		say(V_FAIL, "PAGEMAP_SCAN: %s", strerror(-got));
+		return;
+	}
+	if (to[7] == 0x3c || sn.hit)
+		say(V_PASS, "the recovery scan found the zapped huge pages at their new address");
+	else
+		say(V_FAIL, "the zapped huge pages moved by mremap() read %d (were 0x3c) and the recovery scan of their new range names neither (pagemap %#llx)",
+		    to[7], (unsigned long long)pagemap_entry(to));
+}
+
 /* ---- beyond #34: PAGEMAP_SCAN's protection racing migration ---- */
 
 /*
@@ -1086,6 +1201,7 @@ int main(void)
 		{ "overflow-scan-finds-hugetlb-private-dontneed", case_ovf_hugetlb, 30 },
 		{ "overflow-scan-finds-shmem-punch-hole", case_ovf_shmem, 30 },
 		{ "overflow-scan-finds-hugetlbfs-punch-hole", case_ovf_hugetlbfs, 30 },
+		{ "overflow-scan-finds-hugetlb-dontneed-mremap", case_ovf_hugetlb_mremap, 30 },
 		{ "private-file-cow-dontneed-logged", case_private_cow_dontneed, 30 },
 		{ "private-file-zeropage-dontneed-logged", case_private_zeropage_dontneed, 30 },
 		{ "scan-during-migration-keeps-protection", case_scan_migration, 40 },
