@@ -12,6 +12,11 @@ shift 2
 targets=()
 for t in "$@"; do targets+=("$out/$t"); done
 command -v "$GUEST_CC" >/dev/null || die "lane $LANE needs $GUEST_CC (run scripts/deps.sh)"
+# One make per output directory: make check builds a later lane's
+# programs in the background while an earlier lane runs.
+mkdir -p "$out"
+exec 9>"$out/.lock"
+flock 9
 step "guest $LANE: building static binaries"
 make -s -C "$TOP" -f guest/guest.mk -j"$(nproc)" OUT="$out" CC="$GUEST_CC" AR="${GUEST_CC%gcc}ar" \
 	UAPI="$obj/uapi" KSRC="$tree" ${targets[@]+"${targets[@]}"} >&2

@@ -10,21 +10,62 @@
 results=$BUILD/results
 mkdir -p "$results"
 
-"$TOP/scripts/deps.sh" "$@"
-step "pipeline: failing steps speak"
-"$TOP/scripts/test-pipeline.sh" "$results/pipeline.tap" || true
-step "libuffdwp: ABI and manual pages"
-"$TOP/scripts/check-abi.sh" "$results/abi.tap" || true
-"$TOP/scripts/check-man.sh" "$results/man.tap" || true
-step "libuffdwp: Debian packages"
-"$TOP/scripts/deb.sh" "$results/deb.tap" >/dev/null || true
-step "series: apply and checkpatch"
-rm -f "$results/series.tap"
-"$TOP/scripts/check-series.sh" "$results/series.tap" || true
-step "series: each topic on its dependencies, each fix alone"
-"$TOP/scripts/check-topics.sh" "$results/topics.tap" || true
+# The checks that need no guest.
+checks() {
+	step "pipeline: failing steps speak"
+	"$TOP/scripts/test-pipeline.sh" "$results/pipeline.tap" || true
+	step "libuffdwp: ABI and manual pages"
+	"$TOP/scripts/check-abi.sh" "$results/abi.tap" || true
+	"$TOP/scripts/check-man.sh" "$results/man.tap" || true
+	step "libuffdwp: Debian packages"
+	"$TOP/scripts/deb.sh" "$results/deb.tap" >/dev/null || true
+	step "series: apply and checkpatch"
+	"$TOP/scripts/check-series.sh" "$results/series.tap" || true
+	step "series: each topic on its dependencies, each fix alone"
+	"$TOP/scripts/check-topics.sh" "$results/topics.tap" || true
+}
 taps=("$results/pipeline.tap" "$results/abi.tap" "$results/man.tap" "$results/deb.tap"
       "$results/series.tap" "$results/topics.tap")
+
+# Beside the lanes, at the lowest priority: the later lanes' kernels and
+# guest programs, then the checks above.  A lane's guest leaves the cores
+# partly idle (a single-threaded test uses one of the two vCPUs, a test
+# that waits uses none); nice 19 gives that idle time to the compilers and
+# keeps the cores with the guest, whose tests measure time, whenever it
+# wants them.  On a new machine this takes the later kernels off the
+# critical path as far as the guests leave room (docs/lanes.md#times);
+# with the kernels cached it is the checks' few minutes.  A lane whose
+# kernel is still being built here waits for it (build-kernel.sh and
+# build-guest.sh lock per lane).  BACKGROUND=0 runs it all in line.
+bglog=$results/background.log
+background() {
+	local lane obj
+	shift
+	for lane in "$@"; do
+		obj=$("$TOP/scripts/build-kernel.sh" "$lane") &&
+			"$TOP/scripts/build-guest.sh" "$lane" "$obj" >/dev/null || true
+	done
+	checks
+}
+# check.sh --background LANE...: that job (its process group is killed if
+# make check is stopped).
+if [ "${1:-}" = --background ]; then
+	shift
+	background "$@"
+	exit 0
+fi
+
+"$TOP/scripts/deps.sh" "$@"
+rm -f "${taps[@]}"
+bgpid=
+if [ "${BACKGROUND:-1}" != 0 ]; then
+	step "background: the later lanes' kernels and programs, then the checks without a guest (log: ${bglog#"$TOP"/})"
+	setsid nice -n 19 "$0" --background "$@" >"$bglog" 2>&1 &
+	bgpid=$!
+	trap '[ -z "$bgpid" ] || kill -- -"$bgpid" 2>/dev/null || true' EXIT
+else
+	checks
+fi
 for lane in "$@"; do
 	load_lane "$lane" >/dev/null
 	rm -f "$results/$lane.tap" "$results/$lane.console" "$results/$lane.clock-jump.console"
@@ -60,6 +101,12 @@ if [[ " $* " == *" x86_64 "* ]] && [ "${MUTATION:-1}" != 0 ]; then
 		"$TOP/scripts/mutation-check.sh" x86_64-nowp >"$results/mutation.log" 2>&1 || true
 	grep -h '^\(not \)\?ok' "$results/mutation.tap" | sed 's/^/  /'
 	taps+=("$results/mutation.tap")
+fi
+if [ -n "$bgpid" ]; then
+	step "background: waiting for it to finish"
+	wait "$bgpid" || true
+	bgpid=
+	grep -E '^(error|warning):' "$bglog" >&2 || true
 fi
 grep -h '^not ok' "${taps[@]}" | sed 's/^/  /' >&2 || true
 tap_totals "${taps[@]}"

@@ -46,6 +46,7 @@ if [ "$mode" = clients ]; then
 	name=$lane-clients
 	PLAN=${CLIENTS_PLAN:-clients}
 	PLAN_ONLY=
+	PLAN_ARGS=
 	tree=$BUILD/clients/$lane-root
 	"$TOP/scripts/pack-qemu.sh" "$lane" "$tree"
 fi
@@ -55,15 +56,22 @@ check | clients)
 	# PLAN names one or more plans (guest/plans/NAME.plan), run in order;
 	# TIMEOUT_SCALE stretches every entry's timeout for slow kernels;
 	# PLAN_ONLY (an extended regex) keeps only the entries whose name
-	# matches it (the debug lane's subset in make check).
+	# matches it (the debug lane's subset in make check); PLAN_ARGS
+	# ("NAME=ARG ...") appends ARG to entry NAME's command (a smaller
+	# size where a slow kernel would spend minutes on a fill).
 	plan=$guest/$mode.plan
 	for p in $PLAN; do
 		[ -f "$TOP/guest/plans/$p.plan" ] || die "lane $lane: no plan guest/plans/$p.plan"
 		cat "$TOP/guest/plans/$p.plan"
-	done | awk -v k="${TIMEOUT_SCALE:-1}" -v only="${PLAN_ONLY:-}" \
-		'/^[[:space:]]*(#|$)/ { print; next }
+	done | awk -v k="${TIMEOUT_SCALE:-1}" -v only="${PLAN_ONLY:-}" -v args="${PLAN_ARGS:-}" \
+		'BEGIN { n = split(args, a, " ")
+			 for (i = 1; i <= n; i++) { j = index(a[i], "="); extra[substr(a[i], 1, j - 1)] = substr(a[i], j + 1) } }
+		 /^[[:space:]]*(#|$)/ { print; next }
+		 { seen[$1] = 1 }
 		 only != "" && $1 !~ only { next }
-		 { $3 = int($3 * k); print }' >"$plan"
+		 { $3 = int($3 * k); if ($1 in extra) $0 = $0 " " extra[$1]; print }
+		 END { for (e in extra) if (!(e in seen)) { print "PLAN_ARGS names " e ", not in the plan" > "/dev/stderr"; exit 1 } }' >"$plan" ||
+		die "lane $lane: PLAN_ARGS '${PLAN_ARGS:-}' does not fit the plan"
 	# CLIENTS_REPS: the clients step's repetitions (make check runs one).
 	[ "$mode" != clients ] || [ -z "${CLIENTS_REPS:-}" ] ||
 		sed -i "s/--reps [0-9]*/--reps $CLIENTS_REPS/" "$plan"
