@@ -47,11 +47,17 @@ background() {
 	done
 	checks
 }
-# check.sh --background LANE...: that job (its process group is killed if
-# make check is stopped).
+# check.sh --background LANE...: that job.  setsid made it the leader of
+# a process group of its own (the compilers too), which goes when make
+# check does, however it ends.
 if [ "${1:-}" = --background ]; then
 	shift
+	parent=$PPID
+	(while kill -0 "$parent" 2>/dev/null; do sleep 5; done
+	 kill -- -$$ 2>/dev/null) &
+	watchdog=$!
 	background "$@"
+	kill "$watchdog" 2>/dev/null || true
 	exit 0
 fi
 
