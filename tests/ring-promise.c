@@ -373,6 +373,25 @@ static bool hugetlb_reserved(void)
 	return n > 0;
 }
 
+/* LEN bytes of private hugetlb memory filled with FILL, or NULL (said). */
+static char *map_private_huge(size_t len, int fill)
+{
+	char *p;
+
+	if (!hugetlb_reserved()) {
+		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+		return NULL;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+	if (p == MAP_FAILED) {
+		say(V_SKIP, "MAP_HUGETLB of %zu bytes: %s", len, strerror(errno));
+		return NULL;
+	}
+	memset(p, fill, len);
+	return p;
+}
+
 static void case_hugetlb_dontneed(void)
 {
 	struct uring_view r;
@@ -380,17 +399,9 @@ static void case_hugetlb_dontneed(void)
 	bool logged;
 	char *p;
 
-	if (!hugetlb_reserved()) {
-		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+	p = map_private_huge(HPAGE_SIZE, 0x21);
+	if (!p)
 		return;
-	}
-	p = mmap(NULL, HPAGE_SIZE, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
-	if (p == MAP_FAILED) {
-		say(V_SKIP, "MAP_HUGETLB: %s", strerror(errno));
-		return;
-	}
-	memset(p, 0x21, HPAGE_SIZE);
 	if (open_ring(&r, 64, UFFD_FEATURE_WP_HUGETLBFS_SHMEM) ||
 	    track(&r, p, HPAGE_SIZE))
 		return;
@@ -987,19 +998,9 @@ static void case_ovf_hugetlb_mremap(void)
 	long got;
 	int err;
 
-	if (!hugetlb_reserved()) {
-		say(V_SKIP, "no huge pages reserved (/proc/sys/vm/nr_hugepages is 0)");
+	p = map_private_huge(len, 0x3c);
+	if (!p || open_ring(&r, 64, UFFD_FEATURE_EVENT_REMAP))
 		return;
-	}
-	if (open_ring(&r, 64, UFFD_FEATURE_EVENT_REMAP))
-		return;
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
-	if (p == MAP_FAILED) {
-		say(V_FAIL, "mmap(MAP_HUGETLB): %s", strerror(errno));
-		return;
-	}
-	memset(p, 0x3c, len);
 	if (track(&r, p, len))
 		return;
 	/* A destination alone in its own GiB: no page table there. */
