@@ -52,6 +52,10 @@ background() {
 # check does, however it ends.
 if [ "${1:-}" = --background ]; then
 	shift
+	# A session of its own is a scheduling group of its own (autogroup),
+	# which the scheduler shares the CPU with as an equal whatever the
+	# nice value of its processes: give the group itself nice 19 too.
+	echo 19 2>/dev/null >/proc/self/autogroup || true
 	parent=$PPID
 	(while kill -0 "$parent" 2>/dev/null; do sleep 5; done
 	 kill -- -$$ 2>/dev/null) &

@@ -18,7 +18,11 @@ mkdir -p "$CACHE"
 exec 8>"$CACHE/.tree.lock"
 flock 8
 
-git_q() { git -c user.name=uffdwp -c user.email=uffdwp@localhost "$@"; }
+# No automatic gc: the base repository starts with the whole tree as
+# loose objects, and the first `git am` would pack them and prune 80,000
+# files (on a new machine that held the first kernel build for 6 min,
+# 2026-12-07); nothing here needs them packed.
+git_q() { git -c user.name=uffdwp -c user.email=uffdwp@localhost -c gc.auto=0 "$@"; }
 
 if [ ! -f "$base/.uffdwp-base" ]; then
 	step "unpacking $TREE_TARBALL ($TREE_PKG $ver) into $base"
@@ -33,6 +37,7 @@ if [ ! -f "$base/.uffdwp-base" ]; then
 	sed -i '${/^#$/d}' "$base/.gitignore"
 	step "recording the base tree in git"
 	git_q -C "$base" init -q
+	git -C "$base" config gc.auto 0
 	git_q -C "$base" add -A
 	git_q -C "$base" commit -q -m "$TREE_PKG $ver as unpacked from $TREE_TARBALL"
 	git_q -C "$base" tag base
