@@ -37,62 +37,27 @@
 #define MISSING_WP	(UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP)
 #define PAGES		4
 
-/* An unpopulated registered area, and a source buffer with a pattern. */
-struct area {
-	int uffd;
-	char *base;
-	char *src;
-	size_t len;
-	bool stuck;		/* a thread may still touch it: never unmap */
-};
-
-static char *page_at(struct area *a, int i)
-{
-	return a->base + (size_t)i * page_size();
-}
-
+/* The pattern of page I at offset OFF, in the source buffer. */
 static char pattern(int i, size_t off)
 {
 	return (char)(0x17 * (i + 1) + off % 241);
 }
 
-static bool area_setup(struct area *a, uint64_t mode)
+/* An unpopulated registered area, and a source buffer with the pattern. */
+static bool area_setup(struct pat_area *a, uint64_t mode)
 {
-	memset(a, 0, sizeof(*a));
-	a->uffd = -1;
-	a->len = PAGES * page_size();
-	a->base = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	a->src = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
-		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (a->base == MAP_FAILED || a->src == MAP_FAILED) {
-		a->base = a->base == MAP_FAILED ? NULL : a->base;
-		a->src = a->src == MAP_FAILED ? NULL : a->src;
-		return because("mmap: %s", strerror(errno));
-	}
-	for (int i = 0; i < PAGES; i++)
-		for (size_t off = 0; off < (size_t)page_size(); off++)
-			a->src[i * page_size() + off] = pattern(i, off);
+	if (!pat_area_map(a, PAGES, pattern, true))
+		return false;
 	a->uffd = wp_uffd_open(a->base, a->len, UFFD_FEATURE_PAGEFAULT_FLAG_WP,
 			       mode, false, why, sizeof(why));
 	return a->uffd >= 0;
-}
-
-static void area_teardown(struct area *a)
-{
-	if (a->uffd >= 0)
-		close(a->uffd);
-	if (a->base && !a->stuck)
-		munmap(a->base, a->len);
-	if (a->src)
-		munmap(a->src, a->len);
 }
 
 /*
  * Let a writer that may be blocked go: closing the uffd wakes every fault
  * and drops the registration.  If it still does not finish, never unmap.
  */
-static void writer_release(struct area *a, struct writer *w)
+static void writer_release(struct pat_area *a, struct writer *w)
 {
 	uffd_wp(a->uffd, a->base, a->len, 0);
 	close(a->uffd);
@@ -104,35 +69,27 @@ static void writer_release(struct area *a, struct writer *w)
 }
 
 /* Read one message: a page fault at page I with exactly FLAGS. */
-static bool fault_at(struct area *a, int i, uint64_t flags)
+static bool fault_at(struct pat_area *a, int i, uint64_t flags)
 {
-	return expect_fault(a->uffd, page_at(a, i), flags, FAULT_WAIT_MS);
+	return expect_fault(a->uffd, pat_area_page(a, i), flags, FAULT_WAIT_MS);
 }
 
-static bool expect_no_message(struct area *a, const char *when)
+static bool expect_no_message(struct pat_area *a, const char *when)
 {
 	return expect_quiet(a->uffd, QUIET_MS, when);
 }
 
 /* Page I holds the source pattern, with byte 0 replaced by VAL if WRITTEN. */
-static bool page_holds(struct area *a, int i, bool written, char val)
+static bool page_holds(struct pat_area *a, int i, bool written, char val)
 {
-	if (!(pagemap_entry(page_at(a, i)) & PM_PRESENT))
+	if (!(pagemap_entry(pat_area_page(a, i)) & PM_PRESENT))
 		return because("page %d is not present", i);
-	for (size_t off = 0; off < (size_t)page_size(); off++) {
-		char want = written && !off ? val : pattern(i, off);
-
-		if (page_at(a, i)[off] != want)
-			return because("page %d byte %zu is %#x, want %#x", i,
-				       off, (unsigned char)page_at(a, i)[off],
-				       (unsigned char)want);
-	}
-	return true;
+	return pat_area_holds(a, i, written, val);
 }
 
-static bool copy_pages(struct area *a, int first, int n, uint64_t mode)
+static bool copy_pages(struct pat_area *a, int first, int n, uint64_t mode)
 {
-	int err = uffd_copy(a->uffd, page_at(a, first),
+	int err = uffd_copy(a->uffd, pat_area_page(a, first),
 			    a->src + first * page_size(), n * page_size(), mode);
 
 	if (err)
@@ -142,7 +99,7 @@ static bool copy_pages(struct area *a, int first, int n, uint64_t mode)
 }
 
 /* COPY_MODE_WP into the idle area: protected, present, right data. */
-static bool copy_wp_installs(struct area *a)
+static bool copy_wp_installs(struct pat_area *a)
 {
 	size_t n;
 
@@ -159,7 +116,7 @@ static bool copy_wp_installs(struct area *a)
 }
 
 /* Every page of the copied area faults WP on write; resolve each. */
-static bool copied_pages_fault_on_write(struct area *a)
+static bool copied_pages_fault_on_write(struct pat_area *a)
 {
 	struct writer w;
 
@@ -170,7 +127,7 @@ static bool copied_pages_fault_on_write(struct area *a)
 			writer_release(a, &w);
 			return false;
 		}
-		if (uffd_wp(a->uffd, page_at(a, i), page_size(), 0)) {
+		if (uffd_wp(a->uffd, pat_area_page(a, i), page_size(), 0)) {
 			writer_release(a, &w);
 			return because("resolving page %d failed", i);
 		}
@@ -187,7 +144,7 @@ static bool copied_pages_fault_on_write(struct area *a)
 
 static void case_copy_wp_pages(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool installed, faults = false;
 
 	installed = area_setup(&a, MISSING_WP) && copy_wp_installs(&a);
@@ -198,18 +155,18 @@ static void case_copy_wp_pages(void)
 		because("not checked: COPY_MODE_WP did not install protected "
 			"pages");
 	tap_check(faults, "copy-wp-next-write-faults-wp", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /*
  * A write to a missing page: MISSING fault first, resolved with
  * COPY_MODE_WP (plus EXTRA mode bits), then a WP fault on the same page.
  */
-static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
+static bool missing_then_wp(struct pat_area *a, struct writer *w, uint64_t extra)
 {
 	int err;
 
-	if (writer_start(w, page_at(a, 1), page_size(), 'M'))
+	if (writer_start(w, pat_area_page(a, 1), page_size(), 'M'))
 		return because("pthread_create failed");
 	if (!fault_at(a, 1, UFFD_PAGEFAULT_FLAG_WRITE))
 		return because_with("first message");
@@ -222,7 +179,7 @@ static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
 			return because("COPY_MODE_DONTWAKE woke the writer");
 		if (!expect_no_message(a, "before UFFDIO_WAKE"))
 			return false;
-		err = uffd_wake(a->uffd, page_at(a, 1), page_size());
+		err = uffd_wake(a->uffd, pat_area_page(a, 1), page_size());
 		if (err)
 			return because("UFFDIO_WAKE: %s", strerror(-err));
 	}
@@ -230,7 +187,7 @@ static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
 		return because_with("second message");
 	if (!page_holds(a, 1, false, 0))
 		return because_with("before the WP fault was resolved");
-	err = uffd_wp(a->uffd, page_at(a, 1), page_size(), 0);
+	err = uffd_wp(a->uffd, pat_area_page(a, 1), page_size(), 0);
 	if (err)
 		return because("resolving the WP fault: %s", strerror(-err));
 	if (!writer_joined(w, FAULT_WAIT_MS))
@@ -242,7 +199,7 @@ static bool missing_then_wp(struct area *a, struct writer *w, uint64_t extra)
 static void run_missing_then_wp(const char *name, uint64_t extra)
 {
 	struct writer w = { 0 };
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, MISSING_WP);
 
 	if (ok) {
@@ -251,10 +208,10 @@ static void run_missing_then_wp(const char *name, uint64_t extra)
 			writer_release(&a, &w);
 	}
 	tap_check(ok, name, "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
-static bool copy_wp_needs_wp(struct area *a)
+static bool copy_wp_needs_wp(struct pat_area *a)
 {
 	int err = uffd_copy(a->uffd, a->base, a->src, a->len,
 			    UFFDIO_COPY_MODE_WP);
@@ -275,15 +232,15 @@ static bool copy_wp_needs_wp(struct area *a)
 
 static void case_copy_wp_needs_wp(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, UFFDIO_REGISTER_MODE_MISSING) &&
 		  copy_wp_needs_wp(&a);
 
 	tap_check(ok, "copy-wp-without-wp-registration-einval", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
-static bool plain_copy_unprotected(struct area *a)
+static bool plain_copy_unprotected(struct pat_area *a)
 {
 	struct writer w;
 
@@ -306,11 +263,11 @@ static bool plain_copy_unprotected(struct area *a)
 
 static void case_plain_copy(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, MISSING_WP) && plain_copy_unprotected(&a);
 
 	tap_check(ok, "copy-without-mode-wp-not-protected", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 int main(void)

@@ -168,15 +168,7 @@ static bool changer_start(struct changer *c, enum change what, char *addr,
 
 static bool changer_wait(struct changer *c, int timeout_ms)
 {
-	long long end = now_ms() + timeout_ms;
-
-	while (!__atomic_load_n(&c->done, __ATOMIC_ACQUIRE)) {
-		if (now_ms() >= end)
-			return false;
-		usleep(1000);
-	}
-	pthread_join(c->thread, NULL);
-	return true;
+	return joined_within(c->thread, &c->done, timeout_ms);
 }
 
 /* The changer must return, successfully, once its events are read. */

@@ -168,7 +168,6 @@ static bool resolve_and_wait(int uffd, char *page, volatile int *done,
 			     char *why)
 {
 	struct uffd_msg msg;
-	long long end;
 	int err;
 
 	if (*done || page[0] != 'A')
@@ -177,9 +176,7 @@ static bool resolve_and_wait(int uffd, char *page, volatile int *done,
 	err = uffd_wp(uffd, page, page_size(), 0);
 	if (err)
 		return fail(why, "unprotect: %s", strerror(-err));
-	for (end = now_ms() + WAIT_MS; !*done && now_ms() < end;)
-		usleep(1000);
-	if (!*done)
+	if (!done_within(done, WAIT_MS))
 		return fail(why, "still blocked after unprotect");
 	if (uffd_read_msg(uffd, &msg, 100) != 0)
 		return fail(why, "extra message (event 0x%x)", msg.event);

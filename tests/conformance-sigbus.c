@@ -84,28 +84,7 @@ static void *probe_main(void *arg)
 
 static bool probe_wait(struct probe *p, int timeout_ms)
 {
-	long long end = now_ms() + timeout_ms;
-
-	while (!__atomic_load_n(&p->done, __ATOMIC_ACQUIRE)) {
-		if (now_ms() >= end)
-			return false;
-		usleep(1000);
-	}
-	pthread_join(p->thread, NULL);
-	return true;
-}
-
-/* A uffd with UFFD_FEATURE_SIGBUS over PAGES protected, patterned pages. */
-struct area {
-	int uffd;
-	char *base;
-	size_t len;
-	bool stuck;		/* a probe may still touch it: never unmap */
-};
-
-static char *page_at(struct area *a, int i)
-{
-	return a->base + (size_t)i * page_size();
+	return joined_within(p->thread, &p->done, timeout_ms);
 }
 
 static char pattern(int i, size_t off)
@@ -113,23 +92,14 @@ static char pattern(int i, size_t off)
 	return (char)(0x29 * (i + 1) + off % 239);
 }
 
-static bool area_setup(struct area *a)
+/* A uffd with UFFD_FEATURE_SIGBUS over PAGES protected, patterned pages. */
+static bool area_setup(struct pat_area *a)
 {
 	uint64_t features = UFFD_FEATURE_SIGBUS | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
 	int err;
 
-	memset(a, 0, sizeof(*a));
-	a->uffd = -1;
-	a->len = PAGES * page_size();
-	a->base = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (a->base == MAP_FAILED) {
-		a->base = NULL;
-		return because("mmap: %s", strerror(errno));
-	}
-	for (int i = 0; i < PAGES; i++)
-		for (size_t off = 0; off < (size_t)page_size(); off++)
-			page_at(a, i)[off] = pattern(i, off);
+	if (!pat_area_map(a, PAGES, pattern, false))
+		return false;
 	a->uffd = uffd_open(features, NULL);
 	if (a->uffd < 0)
 		return because("uffd_open(SIGBUS|PAGEFAULT_FLAG_WP): %s",
@@ -147,20 +117,12 @@ static bool area_setup(struct area *a)
 	return true;
 }
 
-static void area_teardown(struct area *a)
-{
-	if (a->uffd >= 0)
-		close(a->uffd);
-	if (a->base && !a->stuck)
-		munmap(a->base, a->len);
-}
-
 /*
  * Run one access at ADDR in a probe thread.  A probe that blocks (the
  * kernel queued a message instead of raising SIGBUS) is released by
  * unprotecting and waking the area; false then.
  */
-static bool probe_run(struct area *a, struct probe *p, char *addr, bool write,
+static bool probe_run(struct pat_area *a, struct probe *p, char *addr, bool write,
 		      char val)
 {
 	memset(p, 0, sizeof(*p));
@@ -181,22 +143,22 @@ static bool probe_run(struct area *a, struct probe *p, char *addr, bool write,
 	return false;
 }
 
-static bool page_unchanged(struct area *a, int i)
+static bool page_unchanged(struct pat_area *a, int i)
 {
 	for (size_t off = 0; off < (size_t)page_size(); off++)
-		if (page_at(a, i)[off] != pattern(i, off))
+		if (pat_area_page(a, i)[off] != pattern(i, off))
 			return because("page %d byte %zu is %#x, want %#x", i,
-				       off, (unsigned char)page_at(a, i)[off],
+				       off, (unsigned char)pat_area_page(a, i)[off],
 				       (unsigned char)pattern(i, off));
 	return true;
 }
 
 /* Write every protected page; each must raise SIGBUS in the writer. */
-static bool writes_raise_sigbus(struct area *a)
+static bool writes_raise_sigbus(struct pat_area *a)
 {
 	for (int i = 0; i < PAGES; i++) {
-		char *addr = page_at(a, i) + STORE_OFFSET;
-		uintptr_t page = (uintptr_t)page_at(a, i);
+		char *addr = pat_area_page(a, i) + STORE_OFFSET;
+		uintptr_t page = (uintptr_t)pat_area_page(a, i);
 		struct probe p;
 
 		if (!probe_run(a, &p, addr, true, 'X'))
@@ -218,12 +180,12 @@ static bool writes_raise_sigbus(struct area *a)
 	return true;
 }
 
-static bool no_message(struct area *a)
+static bool no_message(struct pat_area *a)
 {
 	return expect_quiet(a->uffd, QUIET_MS, "");
 }
 
-static bool data_and_protection_kept(struct area *a)
+static bool data_and_protection_kept(struct pat_area *a)
 {
 	for (int i = 0; i < PAGES; i++)
 		if (!page_unchanged(a, i))
@@ -234,12 +196,12 @@ static bool data_and_protection_kept(struct area *a)
 	return true;
 }
 
-static bool reads_raise_nothing(struct area *a)
+static bool reads_raise_nothing(struct pat_area *a)
 {
 	for (int i = 0; i < PAGES; i++) {
 		struct probe p;
 
-		if (!probe_run(a, &p, page_at(a, i) + STORE_OFFSET, false, 0))
+		if (!probe_run(a, &p, pat_area_page(a, i) + STORE_OFFSET, false, 0))
 			return false;
 		if (p.sigbus)
 			return because("reading page %d raised SIGBUS", i);
@@ -250,13 +212,13 @@ static bool reads_raise_nothing(struct area *a)
 	return no_message(a);
 }
 
-static bool unprotected_write_lands(struct area *a)
+static bool unprotected_write_lands(struct pat_area *a)
 {
-	char *addr = page_at(a, 2) + STORE_OFFSET;
+	char *addr = pat_area_page(a, 2) + STORE_OFFSET;
 	struct probe p;
 	int err;
 
-	err = uffd_wp(a->uffd, page_at(a, 2), page_size(), 0);
+	err = uffd_wp(a->uffd, pat_area_page(a, 2), page_size(), 0);
 	if (err)
 		return because("UFFDIO_WRITEPROTECT(0): %s", strerror(-err));
 	if (!probe_run(a, &p, addr, true, 'U'))
@@ -266,7 +228,7 @@ static bool unprotected_write_lands(struct area *a)
 	if (*addr != 'U')
 		return because("the write did not land: %#x",
 			       (unsigned char)*addr);
-	if (page_wp(page_at(a, 1)) != true || page_wp(page_at(a, 3)) != true)
+	if (page_wp(pat_area_page(a, 1)) != true || page_wp(pat_area_page(a, 3)) != true)
 		return because("unprotecting page 2 unprotected a neighbour");
 	return no_message(a);
 }
@@ -274,7 +236,7 @@ static bool unprotected_write_lands(struct area *a)
 /* Cases 1-3: one run of writes gives the evidence for all three. */
 static void case_protected_writes(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool raised = area_setup(&a) && writes_raise_sigbus(&a);
 
 	tap_check(raised, "sigbus-write-raises-sigbus-in-writer", "%s", why);
@@ -284,25 +246,25 @@ static void case_protected_writes(void)
 		  why);
 	tap_check(raised && data_and_protection_kept(&a),
 		  "sigbus-data-and-protection-unchanged", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 static void case_reads(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a) && reads_raise_nothing(&a);
 
 	tap_check(ok, "sigbus-reads-raise-nothing", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 static void case_unprotected_write(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a) && unprotected_write_lands(&a);
 
 	tap_check(ok, "sigbus-unprotected-write-succeeds", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 int main(void)

@@ -44,58 +44,26 @@
 #define QUIET_MS	200	/* how long "nothing happens" is watched */
 #define WP_WRITE	(UFFD_PAGEFAULT_FLAG_WP | UFFD_PAGEFAULT_FLAG_WRITE)
 
-/* A registered area of private anonymous pages, each filled with a pattern. */
-struct area {
-	int uffd;
-	char *base;
-	size_t len;
-	int npages;
-	bool stuck;		/* a thread may still touch it: never unmap */
-};
-
-static char *page_at(struct area *a, int i)
-{
-	return a->base + (size_t)i * page_size();
-}
-
 /* The byte the setup stored at offset OFF of page I. */
 static char pattern(int i, size_t off)
 {
 	return (char)(0x11 * (i % 13) + off % 251);
 }
 
-static bool area_setup(struct area *a, int npages, uint64_t mode)
+/* A registered area of private anonymous pages, each filled with the pattern. */
+static bool area_setup(struct pat_area *a, int npages, uint64_t mode)
 {
-	memset(a, 0, sizeof(*a));
-	a->uffd = -1;
-	a->npages = npages;
-	a->len = (size_t)npages * page_size();
-	a->base = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (a->base == MAP_FAILED) {
-		a->base = NULL;
-		return because("mmap: %s", strerror(errno));
-	}
-	for (int i = 0; i < npages; i++)
-		for (size_t off = 0; off < (size_t)page_size(); off++)
-			page_at(a, i)[off] = pattern(i, off);
+	if (!pat_area_map(a, npages, pattern, false))
+		return false;
 	a->uffd = wp_uffd_open(a->base, a->len, UFFD_FEATURE_PAGEFAULT_FLAG_WP,
 			       mode, false, why, sizeof(why));
 	return a->uffd >= 0;
 }
 
 /* Protect pages [first, first + n) and check pagemap agrees. */
-static bool protect(struct area *a, int first, int n)
+static bool protect(struct pat_area *a, int first, int n)
 {
-	return protect_checked(a->uffd, page_at(a, first), n * page_size());
-}
-
-static void area_teardown(struct area *a)
-{
-	if (a->uffd >= 0)
-		close(a->uffd);
-	if (a->base && !a->stuck)
-		munmap(a->base, a->len);
+	return protect_checked(a->uffd, pat_area_page(a, first), n * page_size());
 }
 
 /*
@@ -103,41 +71,27 @@ static void area_teardown(struct area *a)
  * (mode 0 wakes) and wait for it.  If it still does not finish, the area
  * must never be unmapped under it.
  */
-static void writer_release(struct area *a, struct writer *w)
+static void writer_release(struct pat_area *a, struct writer *w)
 {
 	writer_release_wake(w, a->uffd, a->base, a->len, FAULT_WAIT_MS,
 			    &a->stuck);
 }
 
 /* Read one message and require a WP write fault at page I. */
-static bool expect_wp_fault(struct area *a, int i)
+static bool expect_wp_fault(struct pat_area *a, int i)
 {
-	return expect_fault(a->uffd, page_at(a, i), WP_WRITE, FAULT_WAIT_MS);
+	return expect_fault(a->uffd, pat_area_page(a, i), WP_WRITE, FAULT_WAIT_MS);
 }
 
-static bool expect_no_message(struct area *a, const char *when)
+static bool expect_no_message(struct pat_area *a, const char *when)
 {
 	return expect_quiet(a->uffd, QUIET_MS, when);
-}
-
-/* Page I holds the pattern, with byte 0 replaced by VAL if WRITTEN. */
-static bool page_holds(struct area *a, int i, bool written, char val)
-{
-	for (size_t off = 0; off < (size_t)page_size(); off++) {
-		char want = written && !off ? val : pattern(i, off);
-
-		if (page_at(a, i)[off] != want)
-			return because("page %d byte %zu is %#x, want %#x", i,
-				       off, (unsigned char)page_at(a, i)[off],
-				       (unsigned char)want);
-	}
-	return true;
 }
 
 static void case_pagemap_bit(void)
 {
 	const char *name = "writeprotect-pagemap-bit-follows-mode";
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, 16, UFFDIO_REGISTER_MODE_WP);
 	size_t left;
 	int err;
@@ -154,13 +108,13 @@ static void case_pagemap_bit(void)
 			ok = because("after mode 0 %zu pages keep PM_UFFD_WP", left);
 	}
 	tap_check(ok, name, "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /* A thread that reads every byte of an area and checks the pattern. */
 struct reader {
 	pthread_t thread;
-	struct area *a;
+	struct pat_area *a;
 	volatile int done;
 	int bad_page;		/* first page with a wrong byte, or -1 */
 };
@@ -172,7 +126,7 @@ static void *reader_main(void *arg)
 	r->bad_page = -1;
 	for (int i = 0; i < r->a->npages && r->bad_page < 0; i++)
 		for (size_t off = 0; off < (size_t)page_size(); off++)
-			if (((volatile char *)page_at(r->a, i))[off] !=
+			if (((volatile char *)pat_area_page(r->a, i))[off] !=
 			    pattern(i, off)) {
 				r->bad_page = i;
 				break;
@@ -183,18 +137,10 @@ static void *reader_main(void *arg)
 
 static bool reader_wait(struct reader *r, int timeout_ms)
 {
-	long long end = now_ms() + timeout_ms;
-
-	while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
-		if (now_ms() >= end)
-			return false;
-		usleep(1000);
-	}
-	pthread_join(r->thread, NULL);
-	return true;
+	return joined_within(r->thread, &r->done, timeout_ms);
 }
 
-static bool reads_do_not_fault(struct area *a)
+static bool reads_do_not_fault(struct pat_area *a)
 {
 	struct reader r = { .a = a };
 	bool ok;
@@ -220,12 +166,12 @@ static bool reads_do_not_fault(struct area *a)
 
 static void case_reads_never_fault(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, 16, UFFDIO_REGISTER_MODE_WP) &&
 		  protect(&a, 0, 16) && reads_do_not_fault(&a);
 
 	tap_check(ok, "writeprotect-reads-never-fault", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /*
@@ -233,7 +179,7 @@ static void case_reads_never_fault(void)
  * as one WP fault at that page, in order, and must not be visible before
  * we resolve it with mode 0.
  */
-static bool every_write_faults_once(struct area *a, struct writer *w, char val)
+static bool every_write_faults_once(struct pat_area *a, struct writer *w, char val)
 {
 	if (writer_start(w, a->base, a->len, val))
 		return because("pthread_create failed");
@@ -242,13 +188,13 @@ static bool every_write_faults_once(struct area *a, struct writer *w, char val)
 
 		if (!expect_wp_fault(a, i))
 			return false;
-		if (page_at(a, i)[0] != pattern(i, 0))
+		if (pat_area_page(a, i)[0] != pattern(i, 0))
 			return because("page %d already changed before the fault "
 				       "was resolved", i);
-		if (!page_wp(page_at(a, i)))
+		if (!page_wp(pat_area_page(a, i)))
 			return because("page %d lost PM_UFFD_WP while its writer "
 				       "waits", i);
-		err = uffd_wp(a->uffd, page_at(a, i), page_size(), 0);
+		err = uffd_wp(a->uffd, pat_area_page(a, i), page_size(), 0);
 		if (err)
 			return because("resolving page %d: %s", i, strerror(-err));
 	}
@@ -258,10 +204,10 @@ static bool every_write_faults_once(struct area *a, struct writer *w, char val)
 	return expect_no_message(a, "after the last write");
 }
 
-static bool writes_landed(struct area *a, char val)
+static bool writes_landed(struct pat_area *a, char val)
 {
 	for (int i = 0; i < a->npages; i++)
-		if (!page_holds(a, i, true, val))
+		if (!pat_area_holds(a, i, true, val))
 			return false;
 	if (pages_with(a->base, a->len, PM_UFFD_WP))
 		return because("%zu resolved pages keep PM_UFFD_WP",
@@ -271,7 +217,7 @@ static bool writes_landed(struct area *a, char val)
 
 static void case_every_write_faults(void)
 {
-	struct area a;
+	struct pat_area a;
 	struct writer w = { 0 };
 	bool faults, data = false;
 
@@ -286,25 +232,25 @@ static void case_every_write_faults(void)
 	tap_check(data, "writeprotect-resolve-keeps-written-data", "%s", why);
 	if (!faults && w.addr)
 		writer_release(&a, &w);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /*
  * A writer thread stores VAL at byte 0 of protected page I: it must stop in
  * one WP fault at that page, and resolving the page (mode 0) must wake it.
  */
-static bool write_faults_then_resolves(struct area *a, int i, char val)
+static bool write_faults_then_resolves(struct pat_area *a, int i, char val)
 {
 	struct writer w;
 	int err;
 
-	if (writer_start(&w, page_at(a, i), 1, val))
+	if (writer_start(&w, pat_area_page(a, i), 1, val))
 		return because("pthread_create failed");
 	if (!expect_wp_fault(a, i)) {
 		writer_release(a, &w);
 		return false;
 	}
-	err = uffd_wp(a->uffd, page_at(a, i), page_size(), 0);
+	err = uffd_wp(a->uffd, pat_area_page(a, i), page_size(), 0);
 	if (err) {
 		writer_release(a, &w);
 		return because("resolving page %d: %s", i, strerror(-err));
@@ -317,7 +263,7 @@ static bool write_faults_then_resolves(struct area *a, int i, char val)
 }
 
 /* One page, protected, written, resolved, protected again, written again. */
-static bool reprotect_faults_again(struct area *a)
+static bool reprotect_faults_again(struct pat_area *a)
 {
 	for (int round = 0; round < 3; round++) {
 		char val = (char)('a' + round);
@@ -337,15 +283,15 @@ static bool reprotect_faults_again(struct area *a)
 
 static void case_reprotect(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, 1, UFFDIO_REGISTER_MODE_WP) &&
 		  reprotect_faults_again(&a);
 
 	tap_check(ok, "writeprotect-reprotect-faults-again", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
-static bool dontwake_needs_wake(struct area *a, struct writer *w)
+static bool dontwake_needs_wake(struct pat_area *a, struct writer *w)
 {
 	int err;
 
@@ -369,12 +315,12 @@ static bool dontwake_needs_wake(struct area *a, struct writer *w)
 	if (!writer_joined(w, FAULT_WAIT_MS))
 		return because("writer still asleep after UFFDIO_WAKE");
 	return expect_no_message(a, "after the wake") &&
-	       page_holds(a, 0, true, 'D');
+	       pat_area_holds(a, 0, true, 'D');
 }
 
 static void case_dontwake(void)
 {
-	struct area a;
+	struct pat_area a;
 	struct writer w = { 0 };
 	bool ok = area_setup(&a, 1, UFFDIO_REGISTER_MODE_WP) &&
 		  protect(&a, 0, 1);
@@ -385,7 +331,7 @@ static void case_dontwake(void)
 			writer_release(&a, &w);
 	}
 	tap_check(ok, "writeprotect-dontwake-needs-wake", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /*
@@ -394,7 +340,7 @@ static void case_dontwake(void)
  */
 static bool rejected(uint64_t off, uint64_t len, uint64_t mode, int want)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, 4, UFFDIO_REGISTER_MODE_WP);
 	int err;
 
@@ -411,7 +357,7 @@ static bool rejected(uint64_t off, uint64_t len, uint64_t mode, int want)
 			ok = because("the failed call protected %zu pages",
 				     pages_with(a.base, a.len, PM_UFFD_WP));
 	}
-	area_teardown(&a);
+	pat_area_teardown(&a);
 	return ok;
 }
 
@@ -482,7 +428,7 @@ static void case_unregistered(void)
 
 static void case_missing_only(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, 4, UFFDIO_REGISTER_MODE_MISSING);
 	int err;
 
@@ -495,7 +441,7 @@ static void case_missing_only(void)
 			ok = because("the MISSING-only VMA got PM_UFFD_WP");
 	}
 	tap_check(ok, "writeprotect-missing-only-vma-enoent", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /* Sub-ranges of a 64-page registration, protected one call each. */
@@ -514,15 +460,15 @@ static bool in_scattered(int page)
 	return false;
 }
 
-static bool protect_scattered(struct area *a)
+static bool protect_scattered(struct pat_area *a)
 {
 	for (size_t r = 0; r < sizeof(scattered) / sizeof(scattered[0]); r++)
 		if (!protect(a, scattered[r].first, scattered[r].n))
 			return false;
 	for (int i = 0; i < a->npages; i++)
-		if (page_wp(page_at(a, i)) != in_scattered(i))
+		if (page_wp(pat_area_page(a, i)) != in_scattered(i))
 			return because("page %d: PM_UFFD_WP %d, protected %d", i,
-				       page_wp(page_at(a, i)), in_scattered(i));
+				       page_wp(pat_area_page(a, i)), in_scattered(i));
 	return true;
 }
 
@@ -530,7 +476,7 @@ static bool protect_scattered(struct area *a)
  * Run a writer over the whole area, resolving every WP fault with mode 0,
  * and count the faults per page in COUNT.
  */
-static bool serve_writer(struct area *a, struct writer *w, char val, int *count)
+static bool serve_writer(struct pat_area *a, struct writer *w, char val, int *count)
 {
 	long long end = now_ms() + 10 * FAULT_WAIT_MS;
 
@@ -560,7 +506,7 @@ static bool serve_writer(struct area *a, struct writer *w, char val, int *count)
 				       (unsigned long)addr);
 		i = (addr - (uintptr_t)a->base) / page_size();
 		count[i]++;
-		if (uffd_wp(a->uffd, page_at(a, i), page_size(), 0))
+		if (uffd_wp(a->uffd, pat_area_page(a, i), page_size(), 0))
 			return because("resolving page %d failed", i);
 	}
 	writer_joined(w, FAULT_WAIT_MS);
@@ -572,7 +518,7 @@ static void case_scattered(void)
 	int count[SCATTER_PAGES] = { 0 };
 	bool set_up, faults = true, quiet = true;
 	struct writer w = { 0 };
-	struct area a;
+	struct pat_area a;
 
 	set_up = area_setup(&a, SCATTER_PAGES, UFFDIO_REGISTER_MODE_WP) &&
 		 protect_scattered(&a) && serve_writer(&a, &w, 'S', count);
@@ -589,7 +535,7 @@ static void case_scattered(void)
 			quiet = false;
 	}
 	for (int i = 0; faults && i < SCATTER_PAGES; i++)
-		faults = page_holds(&a, i, true, 'S');
+		faults = pat_area_holds(&a, i, true, 'S');
 	tap_check(faults, "writeprotect-scattered-subranges", "%s", why);
 	if (set_up && !quiet) {
 		char list[256] = "";
@@ -602,7 +548,7 @@ static void case_scattered(void)
 		because("unprotected pages faulted:%s", list);
 	}
 	tap_check(quiet, "writeprotect-unprotected-pages-never-fault", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 /*
@@ -610,7 +556,7 @@ static void case_scattered(void)
  * PROT_READ|PROT_WRITE, then check pagemap and that a write to page 2 still
  * stops in a WP fault and lands once resolved.
  */
-static bool mprotect_keeps_wp(struct area *a)
+static bool mprotect_keeps_wp(struct pat_area *a)
 {
 	static const int prots[] = { PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE };
 	size_t got;
@@ -628,17 +574,17 @@ static bool mprotect_keeps_wp(struct area *a)
 	if (!write_faults_then_resolves(a, 2, 'M'))
 		return because_with("write after mprotect");
 	return expect_no_message(a, "after resolving") &&
-	       page_holds(a, 2, true, 'M') && page_holds(a, 3, false, 0);
+	       pat_area_holds(a, 2, true, 'M') && pat_area_holds(a, 3, false, 0);
 }
 
 static void case_mprotect(void)
 {
-	struct area a;
+	struct pat_area a;
 	bool ok = area_setup(&a, 4, UFFDIO_REGISTER_MODE_WP) &&
 		  mprotect_keeps_wp(&a);
 
 	tap_check(ok, "writeprotect-mprotect-keeps-wp", "%s", why);
-	area_teardown(&a);
+	pat_area_teardown(&a);
 }
 
 int main(void)

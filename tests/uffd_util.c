@@ -342,15 +342,30 @@ int writer_start(struct writer *w, void *addr, size_t len, char val)
 	return -pthread_create(&w->thread, NULL, writer_main, w);
 }
 
-bool writer_wait(struct writer *w, int timeout_ms)
+bool done_within(volatile int *done, int timeout_ms)
 {
 	long long end = now_ms() + timeout_ms;
 
-	while (!__atomic_load_n(&w->done, __ATOMIC_ACQUIRE)) {
+	while (!__atomic_load_n(done, __ATOMIC_ACQUIRE)) {
 		if (now_ms() >= end)
 			return false;
 		usleep(1000);
 	}
+	return true;
+}
+
+bool joined_within(pthread_t thread, volatile int *done, int timeout_ms)
+{
+	if (!done_within(done, timeout_ms))
+		return false;
+	pthread_join(thread, NULL);
+	return true;
+}
+
+bool writer_wait(struct writer *w, int timeout_ms)
+{
+	if (!done_within(&w->done, timeout_ms))
+		return false;
 	if (w->done == 1) {	/* join once; later calls just report done */
 		pthread_join(w->thread, NULL);
 		w->done = 2;
@@ -588,4 +603,73 @@ long pmd_mapped_blocks(void *p, size_t len)
 		bytes += (long)(vec[i].end - vec[i].start);
 	return bytes / (2L << 20);
 #endif
+}
+
+char *pat_area_page(struct pat_area *a, int i)
+{
+	return a->base + (size_t)i * page_size();
+}
+
+/* LEN bytes of private anonymous memory, or NULL with because(). */
+static char *map_private_rw(size_t len, const char *what)
+{
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p != MAP_FAILED)
+		return p;
+	because("mmap of the %s: %s", what, strerror(errno));
+	return NULL;
+}
+
+bool pat_area_map(struct pat_area *a, int npages, char (*pattern)(int, size_t),
+		  bool with_src)
+{
+	char *fill;
+
+	memset(a, 0, sizeof(*a));
+	a->uffd = -1;
+	a->npages = npages;
+	a->pattern = pattern;
+	a->len = (size_t)npages * page_size();
+	a->base = map_private_rw(a->len, "area");
+	if (!a->base)
+		return false;
+	fill = a->base;
+	if (with_src) {
+		a->src = map_private_rw(a->len, "source");
+		if (!a->src)
+			return false;
+		fill = a->src;
+	}
+	for (int i = 0; i < npages; i++)
+		for (size_t off = 0; off < (size_t)page_size(); off++)
+			fill[(size_t)i * page_size() + off] = pattern(i, off);
+	return true;
+}
+
+void pat_area_teardown(struct pat_area *a)
+{
+	if (a->uffd >= 0)
+		close(a->uffd);
+	a->uffd = -1;
+	if (a->base && !a->stuck)
+		munmap(a->base, a->len);
+	if (a->src)
+		munmap(a->src, a->len);
+}
+
+bool pat_area_holds(struct pat_area *a, int i, bool written, char val)
+{
+	const char *page = pat_area_page(a, i);
+
+	for (size_t off = 0; off < (size_t)page_size(); off++) {
+		char want = written && !off ? val : a->pattern(i, off);
+
+		if (page[off] != want)
+			return because("page %d byte %zu is %#x, want %#x", i,
+				       off, (unsigned char)page[off],
+				       (unsigned char)want);
+	}
+	return true;
 }

@@ -163,6 +163,39 @@ bool protect_checked(int uffd, void *p, size_t len);
 void writer_release_wake(struct writer *w, int uffd, void *p, size_t len,
 			 int timeout_ms, bool *stuck);
 
+/*
+ * Wait up to TIMEOUT_MS for *DONE to become non-zero (a thread's last
+ * store, with release order); true if it did.  The caller joins.
+ */
+bool done_within(volatile int *done, int timeout_ms);
+/* done_within(), then join THREAD; false (not joined) if it timed out. */
+bool joined_within(pthread_t thread, volatile int *done, int timeout_ms);
+
+/*
+ * The area most conformance cases start from: NPAGES private anonymous
+ * pages at BASE, each filled with PATTERN(page, offset), or left
+ * unpopulated with the pattern in a separate source buffer SRC (for the
+ * cases that copy pages in), and the case's uffd over it (-1 until the
+ * case opens one).
+ */
+struct pat_area {
+	int uffd;
+	char *base;
+	char *src;
+	size_t len;
+	int npages;
+	bool stuck;		/* a thread may still touch it: never unmap */
+	char (*pattern)(int i, size_t off);
+};
+/* Map and fill the area (the source instead with WITH_SRC); else because(). */
+bool pat_area_map(struct pat_area *a, int npages, char (*pattern)(int, size_t),
+		  bool with_src);
+char *pat_area_page(struct pat_area *a, int i);
+/* Close the uffd and unmap (the area itself not if it is stuck). */
+void pat_area_teardown(struct pat_area *a);
+/* Page I holds the pattern, with byte 0 replaced by VAL if WRITTEN; else because(). */
+bool pat_area_holds(struct pat_area *a, int i, bool written, char val);
+
 /* Kill the process with a failure line if it runs longer than SECONDS. */
 void watchdog(int seconds);
 /* Milliseconds of CLOCK_MONOTONIC. */
