@@ -86,6 +86,9 @@ install: lib
 	install -m 644 man/*.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -d $(DESTDIR)$(PREFIX)/share/man/man7
 	install -m 644 man/*.7 $(DESTDIR)$(PREFIX)/share/man/man7/
+	@# A program linked against the shared library finds it at once (a
+	@# staged install, DESTDIR, is the packager's to register).
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 $(HOST_OUT)/tests/%: tests/%.c $(HOST_WL_A) $(HOST_LIB_A) $(HOST_TEST_LIB) $(HOST_HDRS) $(wildcard tests/*.h workload/*.h)
 	@mkdir -p $(dir $@)
