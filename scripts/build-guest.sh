@@ -16,7 +16,7 @@ command -v "$GUEST_CC" >/dev/null || die "lane $LANE needs $GUEST_CC (run script
 # programs in the background while an earlier lane runs.
 mkdir -p "$out"
 exec 9>"$out/.lock"
-flock 9
+wait_lock 9 "guest $LANE"
 step "guest $LANE: building static binaries"
 make -s -C "$TOP" -f guest/guest.mk -j"$(nproc)" OUT="$out" CC="$GUEST_CC" AR="${GUEST_CC%gcc}ar" \
 	UAPI="$obj/uapi" KSRC="$tree" ${targets[@]+"${targets[@]}"} >&2

@@ -48,7 +48,7 @@ export KBUILD_BUILD_TIMESTAMP="uffdwp" KBUILD_BUILD_USER=uffdwp KBUILD_BUILD_HOS
 # waits for it and then finds the object directory built.
 mkdir -p "$CACHE/obj" "$CACHE/slot"
 exec 9>"$CACHE/slot/.lock-$klane"
-flock 9
+wait_lock 9 "kernel $LANE"
 
 if [ -f "$obj/.uffdwp-built" ]; then
 	touch "$obj" "$tree"	# most recently used: kept by prune-cache.sh

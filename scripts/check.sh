@@ -51,12 +51,12 @@ background() {
 # a process group of its own (the compilers too), which goes when make
 # check does, however it ends.
 if [ "${1:-}" = --background ]; then
-	shift
+	parent=$2
+	shift 2
 	# A session of its own is a scheduling group of its own (autogroup),
 	# which the scheduler shares the CPU with as an equal whatever the
 	# nice value of its processes: give the group itself nice 19 too.
 	echo 19 2>/dev/null >/proc/self/autogroup || true
-	parent=$PPID
 	(while kill -0 "$parent" 2>/dev/null; do sleep 5; done
 	 kill -- -$$ 2>/dev/null) &
 	watchdog=$!
@@ -65,13 +65,16 @@ if [ "${1:-}" = --background ]; then
 	exit 0
 fi
 
-"$TOP/scripts/deps.sh" "$@"
+# Everything installed up front, the Debian packages' tools too: apt must
+# not run in the background beside the lanes.
+EXTRA_PKGS="debhelper dpkg-dev lintian pkgconf" "$TOP/scripts/deps.sh" "$@"
 rm -f "${taps[@]}"
 bgpid=
 if [ "${BACKGROUND:-1}" != 0 ]; then
 	step "background: the later lanes' kernels and programs, then the checks without a guest (log: ${bglog#"$TOP"/})"
-	setsid nice -n 19 "$0" --background "$@" >"$bglog" 2>&1 &
+	setsid nice -n 19 ionice -c 3 bash "$0" --background $$ "$@" >"$bglog" 2>&1 &
 	bgpid=$!
+	export UFFDWP_BG_PID=$bgpid
 	trap '[ -z "$bgpid" ] || kill -- -"$bgpid" 2>/dev/null || true' EXIT
 else
 	checks
@@ -114,9 +117,16 @@ if [[ " $* " == *" x86_64 "* ]] && [ "${MUTATION:-1}" != 0 ]; then
 fi
 if [ -n "$bgpid" ]; then
 	step "background: waiting for it to finish"
-	wait "$bgpid" || true
+	bgrc=0
+	wait "$bgpid" || bgrc=$?
 	bgpid=
 	grep -E '^(error|warning):' "$bglog" >&2 || true
+	[ "$bgrc" -eq 0 ] || echo "error: the background job ended with status $bgrc (${bglog#"$TOP"/})" >&2
 fi
+# A check whose TAP was never written fails (its log says why).
+for t in "${taps[@]}"; do
+	[ -s "$t" ] || printf 'TAP version 13\n1..1\nnot ok 1 %s/written # no TAP from this step (see the log above or %s)\n' \
+		"$(basename "$t" .tap)" "${bglog#"$TOP"/}" >"$t"
+done
 grep -h '^not ok' "${taps[@]}" | sed 's/^/  /' >&2 || true
 tap_totals "${taps[@]}"

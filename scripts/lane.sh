@@ -18,6 +18,12 @@ shift 2
 load_lane "$lane"
 results=$BUILD/results
 mkdir -p "$results"
+# A run that stops before its TAP is written must not leave the last one's
+# in place (check-repeat counts what it finds there).
+case $mode in
+check) rm -f "$results/$lane.tap" ;;
+clients) rm -f "$results/$lane-clients.tap" ;;
+esac
 
 obj=$("$TOP/scripts/build-kernel.sh" "$lane")
 if [ "$mode" = run ]; then
@@ -65,13 +71,16 @@ check | clients)
 		cat "$TOP/guest/plans/$p.plan"
 	done | awk -v k="${TIMEOUT_SCALE:-1}" -v only="${PLAN_ONLY:-}" -v args="${PLAN_ARGS:-}" \
 		'BEGIN { n = split(args, a, " ")
-			 for (i = 1; i <= n; i++) { j = index(a[i], "="); extra[substr(a[i], 1, j - 1)] = substr(a[i], j + 1) } }
+			 for (i = 1; i <= n; i++) {
+				 j = index(a[i], "=")
+				 if (j < 2) { print "PLAN_ARGS: \"" a[i] "\" is not NAME=ARG" > "/dev/stderr"; bad = 1; exit 1 }
+				 extra[substr(a[i], 1, j - 1)] = substr(a[i], j + 1) } }
 		 /^[[:space:]]*(#|$)/ { print; next }
 		 { seen[$1] = 1 }
 		 only != "" && $1 !~ only { next }
 		 { $3 = int($3 * k); if ($1 in extra) $0 = $0 " " extra[$1]; print }
-		 END { for (e in extra) if (!(e in seen)) { print "PLAN_ARGS names " e ", not in the plan" > "/dev/stderr"; exit 1 } }' >"$plan" ||
-		die "lane $lane: PLAN_ARGS '${PLAN_ARGS:-}' does not fit the plan"
+		 END { if (bad) exit 1; for (e in extra) if (!(e in seen)) { print "PLAN_ARGS names " e ", not in the plan" > "/dev/stderr"; exit 1 } }' >"$plan" ||
+		die "lane $lane: the plan could not be made from PLAN=$PLAN PLAN_ONLY='${PLAN_ONLY:-}' PLAN_ARGS='${PLAN_ARGS:-}' (above)"
 	# CLIENTS_REPS: the clients step's repetitions (make check runs one).
 	[ "$mode" != clients ] || [ -z "${CLIENTS_REPS:-}" ] ||
 		sed -i "s/--reps [0-9]*/--reps $CLIENTS_REPS/" "$plan"

@@ -195,6 +195,21 @@ slot_checkout() {
 	mkdir -p "$slot/obj"
 }
 
+# wait_lock FD WHAT: flock FD, saying so every minute while another
+# process holds it (make check's background job building the same lane).
+# While make check waits on that job (UFFDWP_BG_PID), the job gets the
+# CPU at normal priority, and its nice 19 back once the lock is ours.
+wait_lock() {
+	local fd=$1 what=$2 bg=/proc/${UFFDWP_BG_PID:-none}/autogroup
+	flock -n "$fd" && return 0
+	step "$what: waiting for the build under way beside it (build/results/background.log)"
+	[ ! -w "$bg" ] || echo 0 2>/dev/null >"$bg" || true
+	until flock -w 60 "$fd"; do
+		step "$what: still waiting"
+	done
+	[ ! -w "$bg" ] || echo 19 2>/dev/null >"$bg" || true
+}
+
 # guest_clock_ahead CONSOLE HOST_S: by how many seconds the last kernel
 # timestamp in CONSOLE exceeds HOST_S, the host's wall time for the boot
 # (0 if it does not).
