@@ -26,9 +26,9 @@ check:
 	@CLIENT_LANES="$(CHECK_CLIENT_LANES)" CLIENTS_REPS=1 scripts/check.sh $(LANES)
 
 ## check-all: make check on ALL_LANES (adds arm64, ppc64le and ppc64le-64k,
-##       three more kernels, and the ppc64le-hash and ppc64le-64k-hash boots
-##       of the last two; the debug lane runs its full plan, not make
-##       check's reliability subset; docs/lanes.md)
+##       three more kernels, and the ppc64le-64k-hash boot of the last;
+##       the debug lane runs its full plan, not make check's reliability
+##       subset; docs/lanes.md)
 check-all:
 	@DEBUG_FULL=1 CLIENT_LANES="$(ALL_CLIENT_LANES)" scripts/check.sh $(ALL_LANES)
 
