@@ -67,7 +67,7 @@ fi
 
 # Everything installed up front, the Debian packages' tools too: apt must
 # not run in the background beside the lanes.
-EXTRA_PKGS="debhelper dpkg-dev lintian pkgconf" "$TOP/scripts/deps.sh" "$@"
+EXTRA_PKGS="build-essential debhelper dpkg-dev lintian pkgconf" "$TOP/scripts/deps.sh" "$@"
 rm -f "${taps[@]}"
 bgpid=
 if [ "${BACKGROUND:-1}" != 0 ]; then

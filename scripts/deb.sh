@@ -7,7 +7,7 @@
 # through pkg-config.  With TAP_OUT, writes the results as TAP.
 . "$(dirname "$0")/lib.sh"
 out=${1:-}
-EXTRA_PKGS="debhelper dpkg-dev lintian pkgconf" "$TOP/scripts/deps.sh"
+EXTRA_PKGS="build-essential debhelper dpkg-dev lintian pkgconf" "$TOP/scripts/deps.sh"
 dir=$BUILD/deb
 log=$dir/build.log
 results=()
