@@ -45,7 +45,7 @@ N ?= 5
 check-repeat:
 	@scripts/check-repeat.sh $(N) $(LANES)
 
-## check-fresh: `make demo` (or T=target) on a new minimal Debian 12 root
+## check-fresh: `make demo` (or T_FRESH=target) on a new minimal Debian 12 root
 ##       built with mmdebstrap, with an empty cache; slow, run it when the
 ##       dependencies change (result in build/fresh/result.txt)
 T_FRESH ?= demo
