@@ -178,7 +178,7 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 	size_t psz = uw_page_size(), n = len / psz;
 	size_t first = (size_t)uw_page_index(&s->rs, addr);
 	_Atomic uint32_t *st = s->state + first;
-	int err = 0;
+	int err = 0, werr;
 
 	for (size_t i = 0; i < n; i++) {
 		uint32_t old = ST_PENDING;
@@ -245,9 +245,10 @@ static int copy_chunk(struct uffdwp_snapshot *s, uintptr_t addr, size_t len)
 	}
 	/* A session keeps the pages protected to see the next write: only
 	 * wake the writers that faulted on pages of the chunk. */
-	if (s->session ? uw_wake(s->uffd, addr, len) :
-	    uw_snap_wp(s, addr, len, false, true))
-		return err ? err : -EIO;
+	werr = s->session ? uw_wake(s->uffd, addr, len) :
+	       uw_snap_wp(s, addr, len, false, true);
+	if (werr)
+		return err ? err : uw_snap_gone_err(werr);
 	if (err)
 		return err;
 	if (cancelled(s))	/* a page of it may be missing */

@@ -179,10 +179,14 @@ static void handle_fault(struct uffdwp_snapshot *s, uintptr_t addr)
 	 * reading the page (its unprotect follows) or a failed save already
 	 * unprotected everything.
 	 */
-	if (!err && !copier_has_it &&
-	    uw_snap_wp(s, addr, n * psz, false, true) && !cancelled(s))
-		/* Cannot happen on a live region; never leave a writer stuck. */
-		uw_snap_abort(s, -EIO);
+	if (!err && !copier_has_it) {
+		int e = uw_snap_wp(s, addr, n * psz, false, true);
+
+		/* Only on a region unmapped meanwhile; never leave a writer
+		 * stuck. */
+		if (e && !cancelled(s))
+			uw_snap_abort(s, uw_snap_gone_err(e));
+	}
 	t0 = uw_now_ns() - t0;
 	/* Only this thread raises it: a relaxed store is enough. */
 	if (t0 > __atomic_load_n(&s->st.fault_max_ns, __ATOMIC_RELAXED))
@@ -385,6 +389,12 @@ int uw_snap_ioctl(struct uffdwp_snapshot *s, unsigned long req, void *arg)
 			nanosleep(&ts, NULL);
 		}
 	}
+}
+
+int uw_snap_gone_err(int err)
+{
+	/* -ENOENT: no registered mapping left in the range (munmap()). */
+	return err == -ENOENT || err == -EFAULT ? -EFAULT : -EIO;
 }
 
 int uw_snap_wp(struct uffdwp_snapshot *s, uintptr_t addr, size_t len,

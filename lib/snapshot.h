@@ -198,6 +198,9 @@ struct uffdwp_snapshot *uw_snapshot_of(struct uffdwp_snapshot *s);
 int uw_snap_wp(struct uffdwp_snapshot *s, uintptr_t addr, size_t len,
 	       bool wp, bool wake);
 int uw_snap_ioctl(struct uffdwp_snapshot *s, unsigned long req, void *arg);
+/* What a snapshot fails with when unprotecting its range said ERR:
+ * -EFAULT when the range is no longer mapped, else -EIO. */
+int uw_snap_gone_err(int err);
 /* True in a process other than the one that created S (a child of
  * fork()): the API then touches nothing and returns -ECHILD. */
 bool uw_snap_foreign(const struct uffdwp_snapshot *s);
