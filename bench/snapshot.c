@@ -24,7 +24,7 @@
  * Variants: fork; uffdwp (16 MiB side buffer cap); uffdwp_cap1m (1 MiB);
  * uffdwp_delta: a session's base (writer running); a first delta of what
  * the writer wrote while the base was copied; then the writer dirties 1%
- * of the pages and stops, and the measured delta is taken (its writer
+ * (--delta-pct) of the pages at random and stops, and the measured delta is taken (its writer
  * metrics are 0: nothing writes during it); its rows are the delta's, plus
  * base_pause_us, base_total_ms, pause_vs_base and total_vs_base (the
  * delta's cost over the base's, same repetition) and delta_pages_pct.
@@ -40,7 +40,8 @@
  * one's, when fork ran).
  * Options: --quick, --reps N, --sizes MIB[,MIB...] (default 256,1024),
  * --thp on|off|both (default both), --variants NAME[,NAME...] (default
- * all).
+ * all), --delta-pct P[,P...] (uffdwp_delta's shares written, 1-50 %;
+ * default 1).
  *   fault_max_us    uffdwp only: the longest the library's handler took
  *                   for one fault (claim, save, unprotect); the rest of a
  *                   writer's worst wait is the protect phase and being
@@ -69,7 +70,9 @@ static void row(const char *variant, const char *param, const char *metric,
 }
 
 #define DELTA_PATH	"/tmp/bench-snapshot.delta"
-#define DELTA_PERMILLE	10
+/* --delta-pct: the shares of pages the delta's writer dirties, in % (the
+ * default 1% keeps the plain param label; others add ";delta_pct=N"). */
+static size_t delta_pct[8] = { 1 }, ndelta_pct = 1;
 /* uffdwp_precopy's writer: this many record updates per ms, whatever the
  * arena's size (16 records to a page: about 500 pages a second). */
 #define PRECOPY_RATE	8
@@ -126,13 +129,13 @@ static int run_precopy(struct wl *wl, const char *param, int rep,
 }
 
 /* uffdwp_delta: the delta's rows and how it compares with its base. */
-static int run_delta(struct wl *wl, const char *param, int rep,
+static int run_delta(struct wl *wl, const char *param, size_t pct, int rep,
 		     struct wl_result *res)
 {
 	struct wl_result base;
 	uint64_t pages = 0;
-	int err = wl_snap_session(wl, SNAP_PATH, DELTA_PATH, DELTA_PERMILLE,
-				  &base, res, &pages);
+	int err = wl_snap_session(wl, SNAP_PATH, DELTA_PATH,
+				  (unsigned int)pct * 10, &base, res, &pages);
 
 	unlink(DELTA_PATH);
 	if (err)
@@ -208,6 +211,53 @@ static bool pick_variants(const char *list)
 	return true;
 }
 
+/* One variant's repetition on a freshly populated arena; 1 if it failed. */
+static int run_one(const struct variant *var, size_t mib, bool thp,
+		   const char *case_param, size_t pct, int rep)
+{
+	char param[96];
+	struct wl_result res;
+	struct wl wl;
+	int err;
+
+	snprintf(param, sizeof(param), "%s", case_param);
+	if (var->kind == DELTA && pct != 1)
+		snprintf(param, sizeof(param), "%s;delta_pct=%zu", case_param,
+			 pct);
+	err = wl_init(&wl, mib << 20, WRITERS, thp);
+	if (var->kind == PRECOPY)
+		wl.rate_per_ms = PRECOPY_RATE;
+	if (!err)
+		err = wl_start(&wl);
+	if (!err) {
+		usleep(20000);
+		err = var->kind == FORK ?
+		      wl_snap_fork(&wl, SNAP_PATH, &res) :
+		      var->kind == ONE_OFF ?
+		      wl_snap_uffdwp(&wl, SNAP_PATH, var->cap, &res) :
+		      var->kind == DELTA ?
+		      run_delta(&wl, param, pct, rep, &res) :
+		      run_precopy(&wl, param, rep, &res);
+	}
+	if (!err && var->kind == FORK)
+		fork_pause_us = res.pause_us;
+	unlink(SNAP_PATH);
+	wl_destroy(&wl);
+	if (err) {
+		fprintf(stderr, "bench-snapshot: %s %s: %s\n", var->name, param,
+			strerror(-err));
+		return 1;
+	}
+	report(var->name, param, rep, &res);
+	fflush(stdout);
+	if (!res.verified) {
+		fprintf(stderr, "bench-snapshot: %s %s rep %d NOT VERIFIED: %s\n",
+			var->name, param, rep, res.why);
+		return 1;
+	}
+	return 0;
+}
+
 static int run_case(size_t mib, bool thp, int reps)
 {
 	char param[64];
@@ -220,45 +270,12 @@ static int run_case(size_t mib, bool thp, int reps)
 	for (int rep = 0; rep < reps; rep++) {
 		fork_pause_us = 0;
 		for (size_t v = 0; v < NVARIANTS; v++) {
-			const struct variant *var = &variants[v];
-			struct wl_result res;
-			struct wl wl;
-			int err;
+			/* the delta runs once per --delta-pct share */
+			size_t nruns = variants[v].kind == DELTA ? ndelta_pct : 1;
 
-			if (!use[v])
-				continue;
-			err = wl_init(&wl, mib << 20, WRITERS, thp);
-			if (var->kind == PRECOPY)
-				wl.rate_per_ms = PRECOPY_RATE;
-			if (!err)
-				err = wl_start(&wl);
-			if (!err) {
-				usleep(20000);
-				err = var->kind == FORK ?
-				      wl_snap_fork(&wl, SNAP_PATH, &res) :
-				      var->kind == ONE_OFF ?
-				      wl_snap_uffdwp(&wl, SNAP_PATH, var->cap, &res) :
-				      var->kind == DELTA ?
-				      run_delta(&wl, param, rep, &res) :
-				      run_precopy(&wl, param, rep, &res);
-			}
-			if (!err && var->kind == FORK)
-				fork_pause_us = res.pause_us;
-			unlink(SNAP_PATH);
-			wl_destroy(&wl);
-			if (err) {
-				fprintf(stderr, "bench-snapshot: %s %s: %s\n",
-					var->name, param, strerror(-err));
-				bad = 1;
-				continue;
-			}
-			report(var->name, param, rep, &res);
-			if (!res.verified) {
-				fprintf(stderr, "bench-snapshot: %s %s rep %d NOT VERIFIED: %s\n",
-					var->name, param, rep, res.why);
-				bad = 1;
-			}
-			fflush(stdout);
+			for (size_t d = 0; use[v] && d < nruns; d++)
+				bad |= run_one(&variants[v], mib, thp, param,
+					       delta_pct[d], rep);
 		}
 	}
 	return bad;
@@ -269,6 +286,7 @@ int main(int argc, char **argv)
 	const char *sizes_opt = bench_take_opt(&argc, argv, "--sizes");
 	const char *thp_opt = bench_take_opt(&argc, argv, "--thp");
 	const char *variants_opt = bench_take_opt(&argc, argv, "--variants");
+	const char *delta_opt = bench_take_opt(&argc, argv, "--delta-pct");
 	size_t sizes[8] = { 256, 1024 }, nsizes = 2;
 	bool thp_off = true, thp_on = true;
 	struct bench_opts o;
@@ -280,6 +298,9 @@ int main(int argc, char **argv)
 	if (sizes_opt)
 		nsizes = bench_parse_list("--sizes", sizes_opt, sizes, 8, 16,
 					  4096, 2);
+	if (delta_opt)
+		ndelta_pct = bench_parse_list("--delta-pct", delta_opt,
+					      delta_pct, 8, 1, 50, 1);
 	if (thp_opt && !strcmp(thp_opt, "off"))
 		thp_on = false;
 	else if (thp_opt && !strcmp(thp_opt, "on"))
