@@ -199,6 +199,10 @@ struct uffdwp_tracker {
 	atomic_uint claim_epoch;
 	atomic_int claiming[2];
 	_Atomic uint64_t *rearm;
+	/* mprotect: odd from a gather's last take of the bits until its
+	 * pages are read-only again (a claim overlapping it redoes its
+	 * unprotect, tracker_mprotect.c) */
+	atomic_uint protect_seq;
 	/* mprotect and soft-dirty (tracker_mprotect.c, tracker.c) */
 	atomic_int hold;		/* soft-dirty: writers wait in the handler */
 	_Atomic uint64_t *mapped;	/* page not none at the last pagemap pass */

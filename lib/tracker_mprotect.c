@@ -52,8 +52,10 @@
  * finds it returns -ESTALE.  For "RO on a page whose bit is set" to be
  * the program's alone, a gather makes pages read-only again only after
  * the claims in flight when it took their bits have ended (it takes the
- * bits again then), and a claim on a page already writable leaves the
- * bit alone.  A program's PROT_READ over pages the library holds
+ * bits again then), a claim on a page already writable leaves the bit
+ * alone, a claim whose unprotect overlapped a gather's last take and
+ * protect does it again (unprotect()), and a gather that finds such a
+ * page asks again once the claims in flight have ended.  A program's PROT_READ over pages the library holds
  * read-only changes nothing the kernel shows (mprotect() with the same
  * flags is a no-op): that one is not seen.
  */
@@ -234,6 +236,54 @@ static void claims_wait(struct uffdwp_tracker *t)
 }
 
 /*
+ * Make the page at ADDR (index IDX, region REG) writable and set its bit
+ * (async-signal-safe).  A gather that takes the bits and then makes pages
+ * read-only again may overlap: another thread's claim on the same page
+ * that began after the gather's epoch flip and set its bit before the
+ * gather's last take puts the page into the gather's set, while this
+ * claim, which asked the protection before that claim's unprotect, makes
+ * it writable and sets its bit only after the gather protected it: the
+ * page would stay read-only with its bit set, which the next gather takes
+ * for the program's own mprotect() (the region stale, the next write
+ * killing the process).  So the unprotect is redone until no gather's
+ * take-and-protect (PROTECT_SEQ odd, or changed) overlapped it: the page
+ * is then writable with its bit set, or was taken by a gather after.
+ */
+static void unprotect(struct uffdwp_tracker *t, uintptr_t addr, long reg,
+		      long idx)
+{
+	size_t psz = uw_page_size();
+	int p = t->prot[reg];
+
+	for (;;) {
+		unsigned int s0 = atomic_load(&t->protect_seq);
+
+		if (s0 & 1) {
+			sched_yield();
+			continue;
+		}
+		if (mprotect((void *)addr, psz, p) == 0) {
+			uw_bit_set(t->faulted, (size_t)idx);
+		} else if (mprotect(t->rs.r[reg].addr, t->rs.r[reg].len,
+				    p) == 0) {
+			/*
+			 * Out of mappings (each writable page of a read-only
+			 * region is a mapping of its own, up to
+			 * vm.max_map_count): the whole region becomes
+			 * writable again, one mapping, and all its pages
+			 * dirty.
+			 */
+			for (size_t i = 0; i < t->rs.r[reg].len / psz; i++)
+				uw_bit_set(t->faulted, t->rs.first[reg] + i);
+		} else {
+			return;
+		}
+		if (atomic_load(&t->protect_seq) == s0)
+			return;
+	}
+}
+
+/*
  * T's fault at ADDR in region REG (async-signal-safe).  False when the
  * fault is not the tracker's: the program changed the protection there
  * (the region is stale from now on) or the region is stale already.
@@ -241,7 +291,6 @@ static void claims_wait(struct uffdwp_tracker *t)
 static bool claim(struct uffdwp_tracker *t, uintptr_t addr, long reg)
 {
 	int p = t->prot[reg], ro = p & ~PROT_WRITE, prot = 0, q;
-	size_t psz = uw_page_size();
 	uintptr_t vs = 0, ve = 0;
 	unsigned int ep = 0;
 	bool mp = t->backend == UFFDWP_BACKEND_MPROTECT, ok = true;
@@ -264,17 +313,8 @@ static bool claim(struct uffdwp_tracker *t, uintptr_t addr, long reg)
 	} else if (!q && prot == p) {
 		/* Writable already: another thread's claim (whose bit
 		 * follows), or the program's (the next gather finds it). */
-	} else if (mprotect((void *)addr, psz, p) == 0) {
-		uw_bit_set(t->faulted, (size_t)idx);
-	} else if (mprotect(t->rs.r[reg].addr, t->rs.r[reg].len, p) == 0) {
-		/*
-		 * Out of mappings (each writable page of a read-only region
-		 * is a mapping of its own, up to vm.max_map_count): the whole
-		 * region becomes writable again, one mapping, and all its
-		 * pages dirty.
-		 */
-		for (size_t i = 0; i < t->rs.r[reg].len / psz; i++)
-			uw_bit_set(t->faulted, t->rs.first[reg] + i);
+	} else {
+		unprotect(t, addr, reg, idx);
 	}
 	if (mp)
 		atomic_fetch_sub(&t->claiming[ep], 1);
@@ -634,6 +674,21 @@ void uw_segv_detach(struct uffdwp_tracker *t, bool restore)
 	t->stale = NULL;
 }
 
+/* Page I at A read-only with its bit set, asked again after the claims
+ * in flight have ended (the bit and the mapping): the program's. */
+static bool ro_with_bit(struct uffdwp_tracker *t, uintptr_t a, size_t i)
+{
+	int ro = t->prot[region_of(t, a)] & ~PROT_WRITE, prot;
+	uintptr_t vs, ve;
+
+	if (atomic_load(&query_broken) || vma_query(a, &vs, &ve, &prot) ||
+	    vs > a || prot != ro)
+		return false;
+	claims_wait(t);
+	return uw_bit_test(t->faulted, i) && !vma_query(a, &vs, &ve, &prot) &&
+	       vs <= a && prot == ro;
+}
+
 /*
  * Compare T's regions' mappings with the protections T set (see the top):
  * a region with a hole, another protection, or (mprotect) a page read-only
@@ -673,11 +728,13 @@ int uw_segv_check(struct uffdwp_tracker *t)
 				/* The bit was set after the claim made the
 				 * page writable; only the program makes it
 				 * read-only while the bit stays (a gather
-				 * takes the bits first).  The mapping asked
-				 * again after the bit was read. */
-				if (prot == ro && bit && !atomic_load(&query_broken) &&
-				    !vma_query(a, &vs, &ve, &prot) && vs <= a &&
-				    prot == ro) {
+				 * takes the bits first), once the claims in
+				 * flight have ended: one that overlapped the
+				 * last gather makes the page writable again
+				 * (unprotect()).  The mapping asked again
+				 * after the bit was read, and after those
+				 * claims. */
+				if (prot == ro && bit && ro_with_bit(t, a, i)) {
 					bad = true;
 					break;
 				}
@@ -774,6 +831,8 @@ static int mp_gather(struct uffdwp_tracker *t)
 	 * flight meanwhile have ended) those their claims made writable. */
 	take_faulted(t);
 	claims_wait(t);
+	/* Claims from here until the pages are read-only redo theirs. */
+	atomic_fetch_add(&t->protect_seq, 1);
 	take_faulted(t);
 	for (size_t w = 0; w < t->words && !err; w++) {
 		uint64_t bits = atomic_exchange(&t->rearm[w], 0);
@@ -815,6 +874,7 @@ static int mp_gather(struct uffdwp_tracker *t)
 		}
 		atomic_fetch_add(&prot_ended, 1);
 	}
+	atomic_fetch_add(&t->protect_seq, 1);
 	if (err) {
 		/* Not protected: the next gather tries again. */
 		for (size_t w = 0; w < t->words; w++)
