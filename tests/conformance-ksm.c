@@ -50,38 +50,6 @@ static long psz;
 static unsigned char fill = FILL0;
 #define FILL		fill
 
-/* Write VAL to /sys/kernel/mm/ksm/NAME: 0 or -errno. */
-static int ksm_set(const char *name, const char *val)
-{
-	char path[128];
-	int fd, err = 0;
-
-	snprintf(path, sizeof(path), "/sys/kernel/mm/ksm/%s", name);
-	fd = open(path, O_WRONLY);
-	if (fd < 0)
-		return -errno;
-	if (write(fd, val, strlen(val)) != (ssize_t)strlen(val))
-		err = -errno;
-	close(fd);
-	return err;
-}
-
-static long ksm_get(const char *name)
-{
-	char path[128], buf[32] = "";
-	long v = -1;
-	int fd;
-
-	snprintf(path, sizeof(path), "/sys/kernel/mm/ksm/%s", name);
-	fd = open(path, O_RDONLY);
-	if (fd < 0)
-		return -1;
-	if (read(fd, buf, sizeof(buf) - 1) > 0)
-		v = strtol(buf, NULL, 10);
-	close(fd);
-	return v;
-}
-
 static uint64_t pfn_of(const char *p)
 {
 	return pagemap_entry((void *)p) & PFN_MASK;

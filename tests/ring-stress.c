@@ -53,7 +53,11 @@
  *    registered with the same context, then (move-back) into the hole
  *    again.  Moving foreign content into the arena is the caller's own
  *    change (like UFFDIO_COPY) and is not done.
- *  - KSM merging is not done here (conformance/ksm covers it).
+ *  - ksm-merge: the anon part is MADV_MERGEABLE and ksmd runs (scanning
+ *    every 20 ms, smart scan off); the disruptor fills a few adjacent
+ *    pages with one pattern of its own (writes the ring logs) so that
+ *    ksmd merges them, protected or not, and later writes break the
+ *    sharing.  ksmd's settings are put back at the end (run=2 unmerges).
  */
 #define _GNU_SOURCE
 #include "tap.h"
@@ -137,13 +141,13 @@ enum op {
 	OP_DONTNEED_4K, OP_DONTNEED_THP, OP_DONTNEED_HUGETLB, OP_FREE_PAGEOUT,
 	OP_PAGEOUT, OP_COLD, OP_MIGRATE, OP_FORK, OP_MREMAP, OP_MOVE_OUT,
 	OP_MOVE_BACK, OP_PUNCH, OP_REMOVE, OP_MPROTECT, OP_SET_MODE,
-	OP_COLLAPSE, NOPS
+	OP_COLLAPSE, OP_KSM, NOPS
 };
 static const char *const op_name[NOPS] = {
 	"dontneed-4k", "dontneed-thp", "dontneed-hugetlb", "free-pageout",
 	"pageout", "cold", "migrate", "fork", "mremap", "move-out",
 	"move-back", "punch-hole", "madv-remove", "mprotect", "set-mode",
-	"collapse",
+	"collapse", "ksm-merge",
 };
 static bool op_on[NOPS];
 static char op_off_why[NOPS][80];
@@ -173,7 +177,10 @@ static volatile int stop, pause_req;
 #define HOT_GROUP 16
 static volatile unsigned int hot_salt;
 static int parked;
-static bool two_nodes, have_move, have_set_mode;
+static bool two_nodes, have_move, have_set_mode, have_ksm;
+/* ksmd's settings before the run (-1: not read), and what it shared */
+static long ksm_run0 = -1, ksm_sleep0 = -1, ksm_scan0 = -1, ksm_smart0 = -1;
+static long ksm_sharing_max;
 
 static unsigned long n_writes[16], n_faulted[16];
 static unsigned long harvests, entries_seen, scans, scan_pages, foreign;
@@ -502,6 +509,32 @@ static int op_set_mode(uint64_t *s)
 	return 0;
 }
 
+/* 2 to 9 adjacent anon pages filled with one pattern of this op's own,
+ * for ksmd to merge. */
+static int op_ksm(uint64_t *s)
+{
+	static uint64_t gen;
+	long sharing = ksm_get("pages_sharing");
+	uint64_t v = 0xD15CULL << 48 | ++gen;
+	char *a, *end;
+	size_t len;
+	int p;
+
+	if (sharing > ksm_sharing_max)
+		ksm_sharing_max = sharing;
+	if (!pick(s, M(P_ANON), 8, &p, &a, &len))
+		return -ENOENT;
+	end = parts[p].mem + parts[p].len;
+	if (a + len < end)
+		len += PAGE;
+	else
+		a -= PAGE;
+	for (size_t i = 0; i < len / 8; i++)
+		((volatile uint64_t *)a)[i] = v;
+	note(gpage_of(p, a), len / PAGE, OP_KSM);
+	return 0;
+}
+
 static int do_op(enum op op, uint64_t *s)
 {
 	int p, err;
@@ -580,6 +613,8 @@ static int do_op(enum op op, uint64_t *s)
 		return 0;
 	case OP_SET_MODE:
 		return op_set_mode(s);
+	case OP_KSM:
+		return op_ksm(s);
 	case OP_COLLAPSE:
 		p = P_THP;
 		a = parts[p].mem + (rnd(s) % THP_CHUNKS) * HPAGE_SIZE;
@@ -975,6 +1010,54 @@ static void disable(enum op op, const char *why)
 	snprintf(op_off_why[op], sizeof(op_off_why[op]), "%s", why);
 }
 
+/* The anon part mergeable and ksmd running; false (nothing changed that
+ * matters) without KSM. */
+static bool ksm_begin(void)
+{
+	int err;
+
+	ksm_run0 = ksm_get("run");
+	if (ksm_run0 < 0)
+		return false;
+	ksm_sleep0 = ksm_get("sleep_millisecs");
+	ksm_scan0 = ksm_get("pages_to_scan");
+	ksm_smart0 = ksm_get("smart_scan");
+	if (madvise(parts[P_ANON].mem, parts[P_ANON].len, MADV_MERGEABLE))
+		return false;
+	/* smart scan would skip pages that did not merge at first */
+	err = ksm_smart0 > 0 ? ksm_set("smart_scan", "0") : 0;
+	if (!err)
+		err = ksm_set("pages_to_scan", "1000");
+	if (!err)
+		err = ksm_set("sleep_millisecs", "20");
+	if (!err)
+		err = ksm_set("run", "1");
+	return !err;
+}
+
+static void ksm_put_back(const char *name, long v)
+{
+	char val[32];
+
+	snprintf(val, sizeof(val), "%ld", v);
+	if (v >= 0 && ksm_set(name, val))
+		tap_diag("ksm: putting back %s=%ld failed", name, v);
+}
+
+/* ksmd as it was (every page unmerged first). */
+static void ksm_end(void)
+{
+	if (ksm_run0 < 0)
+		return;
+	if (ksm_set("run", "2"))
+		tap_diag("ksm: run=2 (unmerge) failed");
+	ksm_put_back("smart_scan", ksm_smart0);
+	ksm_put_back("pages_to_scan", ksm_scan0);
+	ksm_put_back("sleep_millisecs", ksm_sleep0);
+	if (ksm_run0 != 0 && ksm_run0 != 2)
+		ksm_put_back("run", ksm_run0);
+}
+
 static void setup_ops(const char *list)
 {
 	struct stat st;
@@ -1024,6 +1107,8 @@ static void setup_ops(const char *list)
 		disable(OP_PUNCH, "no shmem part");
 		disable(OP_REMOVE, "no shmem part");
 	}
+	if (op_on[OP_KSM] && !(have_ksm = ksm_begin()))
+		disable(OP_KSM, "no KSM (/sys/kernel/mm/ksm)");
 }
 
 static void usage(void)
@@ -1156,6 +1241,7 @@ int main(int argc, char **argv)
 			tap_fail(part_name[i], "not checked: threads did not park");
 		tap_fail("overall", "seed %llu: threads did not park within 60 s",
 			 seed);
+		ksm_end();
 		fflush(NULL);
 		_exit(1);
 	}
@@ -1190,6 +1276,14 @@ int main(int argc, char **argv)
 			bad_ops++;
 	}
 	tap_diag("ops ok/tried:%s", buf);
+	if (have_ksm) {
+		long sharing = ksm_get("pages_sharing");
+
+		tap_diag("ksm: pages_sharing up to %ld during the run, %ld full scans",
+			 sharing > ksm_sharing_max ? sharing : ksm_sharing_max,
+			 ksm_get("full_scans"));
+		ksm_end();
+	}
 	tap_diag("writes %lu (+%lu hit PROT_READ), harvests %lu, entries %lu, overflow scans %lu (%lu pages, %lu deferred by sync mode), resets with EAGAIN %lu, sync windows %lu, foreign entries %lu",
 		 writes, faulted, harvests, entries_seen, scans, scan_pages,
 		 scans_deferred, reset_eagain, sync_windows, foreign);

@@ -673,3 +673,34 @@ bool pat_area_holds(struct pat_area *a, int i, bool written, char val)
 	}
 	return true;
 }
+
+int ksm_set(const char *name, const char *val)
+{
+	char path[128];
+	int fd, err = 0;
+
+	snprintf(path, sizeof(path), "/sys/kernel/mm/ksm/%s", name);
+	fd = open(path, O_WRONLY);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, val, strlen(val)) != (ssize_t)strlen(val))
+		err = -errno;
+	close(fd);
+	return err;
+}
+
+long ksm_get(const char *name)
+{
+	char path[128], buf[32] = "";
+	long v = -1;
+	int fd;
+
+	snprintf(path, sizeof(path), "/sys/kernel/mm/ksm/%s", name);
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return -1;
+	if (read(fd, buf, sizeof(buf) - 1) > 0)
+		v = strtol(buf, NULL, 10);
+	close(fd);
+	return v;
+}

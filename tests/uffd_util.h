@@ -61,6 +61,10 @@ long sys_move_pages(unsigned long count, void **pages, const int *nodes,
 int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms);
 
 /* The pagemap entry of ADDR in this process, or 0 with errno set. */
+/* /sys/kernel/mm/ksm/NAME: write VAL (0 or -errno); read it (-1 when it
+ * cannot be read). */
+int ksm_set(const char *name, const char *val);
+long ksm_get(const char *name);
 uint64_t pagemap_entry(void *addr);
 /* The same through a descriptor of its own, opened and closed here: for a
  * forked child, or a signal handler (async-signal-safe). */
