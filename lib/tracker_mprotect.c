@@ -253,14 +253,26 @@ static void unprotect(struct uffdwp_tracker *t, uintptr_t addr, long reg,
 		      long idx)
 {
 	size_t psz = uw_page_size();
-	int p = t->prot[reg];
+	int p = t->prot[reg], ro = p & ~PROT_WRITE, prot, q;
+	/* In a child of fork() no gather runs: its copy of the sequence
+	 * may be odd for ever. */
+	bool child = uw_tracker_foreign(t);
+	uintptr_t vs, ve;
 
-	for (;;) {
+	for (bool again = false;; again = true) {
 		unsigned int s0 = atomic_load(&t->protect_seq);
 
-		if (s0 & 1) {
+		if ((s0 & 1) && !child) {
 			sched_yield();
 			continue;
+		}
+		/* Asked again before a redo: the program may have changed
+		 * the page meanwhile (the next check sees it). */
+		if (again) {
+			q = vma_query(addr, &vs, &ve, &prot);
+			if (q == -ENOENT ||
+			    (!q && (vs > addr || (prot != p && prot != ro))))
+				return;
 		}
 		if (mprotect((void *)addr, psz, p) == 0) {
 			uw_bit_set(t->faulted, (size_t)idx);
@@ -278,7 +290,10 @@ static void unprotect(struct uffdwp_tracker *t, uintptr_t addr, long reg,
 		} else {
 			return;
 		}
-		if (atomic_load(&t->protect_seq) == s0)
+		/* The bit before the sequence, as the gather orders its
+		 * increment before its take (weakly ordered CPUs). */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (child || atomic_load(&t->protect_seq) == s0)
 			return;
 	}
 }
@@ -822,8 +837,22 @@ static void take_faulted(struct uffdwp_tracker *t)
 	}
 }
 
+/* Block every signal but the synchronous ones; the old mask in *OLD. */
+static void async_signals_block(sigset_t *old)
+{
+	static const int sync_sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+					  SIGTRAP, SIGSYS };
+	sigset_t set;
+
+	sigfillset(&set);
+	for (size_t i = 0; i < sizeof(sync_sigs) / sizeof(sync_sigs[0]); i++)
+		sigdelset(&set, sync_sigs[i]);
+	pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
 static int mp_gather(struct uffdwp_tracker *t)
 {
+	sigset_t old_mask;
 	size_t psz = uw_page_size();
 	int err = 0, stale = uw_segv_check(t);
 
@@ -831,7 +860,13 @@ static int mp_gather(struct uffdwp_tracker *t)
 	 * flight meanwhile have ended) those their claims made writable. */
 	take_faulted(t);
 	claims_wait(t);
-	/* Claims from here until the pages are read-only redo theirs. */
+	/*
+	 * Claims from here until the pages are read-only redo theirs, and
+	 * wait while the sequence is odd: a handler of the program's that
+	 * ran on this thread meanwhile and wrote a tracked page would wait
+	 * for this very thread.  Asynchronous signals wait instead.
+	 */
+	async_signals_block(&old_mask);
 	atomic_fetch_add(&t->protect_seq, 1);
 	take_faulted(t);
 	for (size_t w = 0; w < t->words && !err; w++) {
@@ -875,6 +910,7 @@ static int mp_gather(struct uffdwp_tracker *t)
 		atomic_fetch_add(&prot_ended, 1);
 	}
 	atomic_fetch_add(&t->protect_seq, 1);
+	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
 	if (err) {
 		/* Not protected: the next gather tries again. */
 		for (size_t w = 0; w < t->words; w++)

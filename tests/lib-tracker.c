@@ -586,6 +586,148 @@ static void t_mprotect_prot(void)
 }
 
 /*
+ * The mprotect backend's collector and the program's own signals and
+ * fork(), while a writer thread and a collecting thread run (review of
+ * the claim/gather fix, issue 35):
+ *  - tracker-mprotect-signal-on-collector: a handler of the program's,
+ *    run on the collecting thread, writes tracked pages; collects go on
+ *    (a claim in that handler once waited for the very gather it had
+ *    interrupted, and every writer after it);
+ *  - tracker-mprotect-fork-child-writes: children forked meanwhile write
+ *    their copy of the tracked pages and exit (a child once inherited a
+ *    gather's odd sequence and its first write spun for ever).
+ */
+#define MPS_PAGES	1024
+static char *mps_mem;
+static struct uffdwp_tracker *mps_t;
+static volatile int mps_stop, mps_writer_done, mps_collector_done;
+static atomic_long mps_collects;
+static long mps_collect_err;
+
+static void *mps_writer(void *arg)
+{
+	(void)arg;
+	while (!mps_stop)
+		for (size_t i = 0; i < MPS_PAGES && !mps_stop; i += 2)
+			((volatile char *)mps_mem)[i * psz]++;
+	__atomic_store_n(&mps_writer_done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void *mps_collector(void *arg)
+{
+	void **pg = malloc(MPS_PAGES * sizeof(*pg));
+
+	(void)arg;
+	while (!mps_stop && pg) {
+		ssize_t n = uffdwp_tracker_collect(mps_t, pg, MPS_PAGES);
+
+		if (n < 0 && !mps_collect_err)
+			mps_collect_err = n;
+		atomic_fetch_add(&mps_collects, 1);
+	}
+	free(pg);
+	__atomic_store_n(&mps_collector_done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* Join TH once *DONE, waiting at most 10 s: false if it did not end. */
+static bool mps_join(pthread_t th, volatile int *done)
+{
+	uint64_t end = now_ms() + 10000;
+
+	while (!__atomic_load_n(done, __ATOMIC_ACQUIRE))
+		if (now_ms() > end)
+			return false;
+		else
+			usleep(1000);
+	pthread_join(th, NULL);
+	return true;
+}
+
+static void mps_on_usr1(int sig)
+{
+	(void)sig;
+	/* odd pages: the writer leaves them alone */
+	((volatile char *)mps_mem)[1 * psz]++;
+	((volatile char *)mps_mem)[3 * psz]++;
+}
+
+static void t_mprotect_signals_fork(void)
+{
+	const char *n_sig = "tracker-mprotect-signal-on-collector";
+	const char *n_fork = "tracker-mprotect-fork-child-writes";
+	struct uffdwp_region r;
+	struct sigaction sa = { .sa_handler = mps_on_usr1 }, old;
+	pthread_t w, c;
+	long before, killed = 0, forks = 0, stalls = 0;
+	int err;
+
+	mps_mem = map_guarded(MPS_PAGES);
+	if (!mps_mem)
+		tap_bail("no memory");
+	memset(mps_mem, 1, MPS_PAGES * psz);
+	r = (struct uffdwp_region){ mps_mem, MPS_PAGES * psz };
+	err = uffdwp_tracker_new(&mps_t, &r, 1, UFFDWP_BACKEND_MPROTECT);
+	if (err) {
+		tap_fail(n_sig, "tracker_new: %s", strerror(-err));
+		tap_fail(n_fork, "tracker_new: %s", strerror(-err));
+		return;
+	}
+	sigaction(SIGUSR1, &sa, &old);
+	mps_stop = mps_writer_done = mps_collector_done = 0;
+	pthread_create(&w, NULL, mps_writer, NULL);
+	pthread_create(&c, NULL, mps_collector, NULL);
+	/* Signals to the collecting thread; it must keep collecting. */
+	for (int round = 0; round < 10 && !stalls; round++) {
+		before = atomic_load(&mps_collects);
+		for (int i = 0; i < 300; i++) {
+			pthread_kill(c, SIGUSR1);
+			usleep(200);
+		}
+		for (int ms = 0; ms < 5000 &&
+		     atomic_load(&mps_collects) == before; ms++)
+			usleep(1000);
+		stalls += atomic_load(&mps_collects) == before;
+	}
+	/* fork() while it collects: each child writes and exits. */
+	for (; forks < 60 && !stalls && !killed; forks++) {
+		pid_t pid = fork();
+		int st;
+
+		if (pid == 0) {
+			alarm(5);
+			for (size_t i = 1; i < MPS_PAGES; i += 2)
+				((volatile char *)mps_mem)[i * psz] = 2;
+			_exit(0);
+		}
+		if (pid < 0 || waitpid(pid, &st, 0) < 0)
+			break;
+		killed += !WIFEXITED(st) || WEXITSTATUS(st);
+		usleep(1000);
+	}
+	mps_stop = 1;
+	if (!mps_join(w, &mps_writer_done) ||
+	    !mps_join(c, &mps_collector_done)) {
+		/* Threads stuck in the handler: report, leave them. */
+		tap_fail(n_sig, "threads did not stop within 10 s (a claim spinning?); %ld round(s) of signals stalled collects",
+			 stalls);
+		tap_fail(n_fork, "not checked: threads stuck (%ld children killed or failed)",
+			 killed);
+		return;
+	}
+	tap_check(!stalls && !mps_collect_err, n_sig,
+		  "a round of 300 signals stalled the collects for 5 s: %ld; collect error %ld; %ld collects",
+		  stalls, mps_collect_err, atomic_load(&mps_collects));
+	tap_check(forks == 60 && !killed, n_fork,
+		  "%ld children forked, %ld killed or failed (a child's first write spinning until alarm())%s",
+		  forks, killed, stalls ? "; not run: collects stalled" : "");
+	uffdwp_tracker_free(mps_t);
+	sigaction(SIGUSR1, &old, NULL);
+	munmap(mps_mem - psz, (MPS_PAGES + 2) * psz);
+}
+
+/*
  * One round writes more pages than the library's largest ring (65536
  * entries) holds: the ring overflows, and collect falls back to one
  * PAGEMAP_SCAN round after a reset that discards the entries where the
@@ -1350,7 +1492,7 @@ int main(void)
 	env = getenv("UFFDWP_DIFF_MS");
 	if (env)
 		diff_ms = atol(env);
-	tap_plan(46);
+	tap_plan(48);
 	tap_diag("seed %llu (set UFFDWP_SEED to replay)", seed);
 	for (int b = UFFDWP_BACKEND_RING; b < UFFDWP_BACKEND_COUNT; b++)
 		t_backend(b);
@@ -1381,5 +1523,6 @@ int main(void)
 	t_ring_overflow_hugetlb();
 	t_errors();
 	t_mprotect_prot();
+	t_mprotect_signals_fork();
 	return tap_done();
 }
