@@ -31,6 +31,7 @@
 
 #include "bench_util.h"
 #include "uffd_util.h"
+#include "uffdwp.h"
 
 #define BENCH "write-tracking"
 #define PSZ 4096UL
@@ -43,6 +44,8 @@ enum variant {
 	MPROTECT_SEGV,
 	MPROTECT_SEGV_RANGES,
 	SOFT_DIRTY,
+	UFFDWP_SESSION,
+	UFFDWP_SESSION_SYNC,
 	NR_VARIANTS
 };
 
@@ -54,7 +57,21 @@ static const char *const variant_name[NR_VARIANTS] = {
 	[MPROTECT_SEGV] = "mprotect_segv",
 	[MPROTECT_SEGV_RANGES] = "mprotect_segv_ranges",
 	[SOFT_DIRTY] = "soft_dirty",
+	[UFFDWP_SESSION] = "uffdwp_session",
+	[UFFDWP_SESSION_SYNC] = "uffdwp_session_sync",
 };
+
+/* libuffdwp's seam (lib/session-async.c): sessions stay in sync mode
+ * between snapshots, as before the ring was their dirty set. */
+extern bool uw_session_sync_between;
+
+/* The session variants: a session over the range, its snapshots into a
+ * memfd emptied before each. */
+static struct uffdwp_session *g_ss;
+static int g_snap_fd = -1;
+/* The kernel lets sessions run async between snapshots (the ring and
+ * UFFDIO_SET_MODE): uffdwp_session must, uffdwp_session_sync must not. */
+static bool session_async_ok;
 
 /* State the signal handlers read: the tracked range and its uffd. */
 static char *g_mem;
@@ -331,6 +348,17 @@ static void protect(const struct config *c)
 	case SOFT_DIRTY:
 		err = clear_soft_dirty();
 		break;
+	case UFFDWP_SESSION:
+	case UFFDWP_SESSION_SYNC:
+		/* A snapshot (the first a base, then deltas of the last
+		 * repetition's pages): afterwards every page is protected. */
+		if (ftruncate(g_snap_fd, 0) || lseek(g_snap_fd, 0, SEEK_SET))
+			err = -errno;
+		if (!err)
+			err = uffdwp_session_snapshot(g_ss, g_snap_fd, 0);
+		if (!err)
+			err = uffdwp_session_wait(g_ss, -1);
+		break;
 	default:
 		abort();
 	}
@@ -373,6 +401,20 @@ static void run_config(const struct config *c, int reps)
 	case UFFD_ASYNC:
 		setup_uffd(UFFD_FEATURE_WP_ASYNC);
 		break;
+	case UFFDWP_SESSION:
+	case UFFDWP_SESSION_SYNC: {
+		struct uffdwp_region r = { g_mem, g_len };
+		int err;
+
+		uw_session_sync_between = c->v == UFFDWP_SESSION_SYNC;
+		g_snap_fd = memfd_create("write-tracking", MFD_CLOEXEC);
+		if (g_snap_fd < 0)
+			bench_fail("memfd_create: %s", strerror(errno));
+		err = uffdwp_session_new(&g_ss, &r, 1, NULL);
+		if (err)
+			bench_fail("uffdwp_session_new: %s", strerror(-err));
+		break;
+	}
 	case MPROTECT_SEGV_RANGES:
 		/* VM_DONTCOPY on every other page: neighbours differ in flags,
 		 * so each page stays its own VMA whatever its protection. */
@@ -412,6 +454,26 @@ static void run_config(const struct config *c, int reps)
 				bench_fail("%s %s: %zu pages still soft-dirty after "
 					   "clear_refs", variant_name[c->v], param, n);
 			break;
+		case UFFDWP_SESSION:
+		case UFFDWP_SESSION_SYNC: {
+			struct uffdwp_stats_v v = { .size = sizeof(v) };
+			bool async;
+
+			n = count_pagemap(g_mem, c->pages, PM_UFFD_WP);
+			if (n != c->pages || uffdwp_session_dirty(g_ss))
+				bench_fail("%s %s: %zu of %zu pages uffd-wp, %zd dirty "
+					   "after a snapshot", variant_name[c->v],
+					   param, n, c->pages,
+					   uffdwp_session_dirty(g_ss));
+			if (uffdwp_session_stats_v(g_ss, &v))
+				bench_fail("uffdwp_session_stats_v failed");
+			async = v.flags & UFFDWP_STATS_ASYNC_BETWEEN;
+			if (async != (c->v == UFFDWP_SESSION && session_async_ok))
+				bench_fail("%s %s: async between snapshots is %s",
+					   variant_name[c->v], param,
+					   async ? "on" : "off");
+			break;
+		}
 		case MPROTECT_SEGV:
 		case MPROTECT_SEGV_RANGES:
 			vmas = bench_vma_count();
@@ -460,6 +522,10 @@ static void run_config(const struct config *c, int reps)
 				bench_fail("%s %s: %zu of %zu written pages soft-dirty",
 					   variant_name[c->v], param, n, c->pages);
 			break;
+		case UFFDWP_SESSION:
+		case UFFDWP_SESSION_SYNC:
+			resolved = uffdwp_session_dirty(g_ss);
+			break;
 		default:
 			break;
 		}
@@ -485,6 +551,13 @@ static void run_config(const struct config *c, int reps)
 	if (g_uffd >= 0) {
 		close(g_uffd);
 		g_uffd = -1;
+	}
+	if (g_ss) {
+		uffdwp_session_free(g_ss);
+		g_ss = NULL;
+		close(g_snap_fd);
+		g_snap_fd = -1;
+		uw_session_sync_between = false;
 	}
 	reset_handler(SIGBUS);
 	reset_handler(SIGSEGV);
@@ -523,7 +596,8 @@ static size_t allow_vmas(size_t pages)
 static bool slow_variant(enum variant v)
 {
 	return v == UFFD_THREAD || v == UFFD_SIGBUS || v == MPROTECT_SEGV ||
-	       v == MPROTECT_SEGV_RANGES;
+	       v == MPROTECT_SEGV_RANGES || v == UFFDWP_SESSION_SYNC ||
+	       (v == UFFDWP_SESSION && !session_async_ok);
 }
 
 int main(int argc, char **argv)
@@ -584,6 +658,22 @@ int main(int argc, char **argv)
 			      "for the host to run the other vCPU thread), so 5 reps "
 			      "x 2 thread counts x 4 variants take 15 min to hours; "
 			      "run them with --pages 262144");
+	bench_comment("uffdwp_session: a libuffdwp session's first write to each "
+		      "page between snapshots (a snapshot into a memfd, untimed, "
+		      "before each repetition): async mode with the write-log ring "
+		      "as its dirty set where the kernel has UFFDIO_SET_MODE and "
+		      "the ring; uffdwp_session_sync: the same held in sync mode "
+		      "(each first write a round trip through the session's "
+		      "handler thread), as sessions were before");
+	{
+		struct uffdwp_features uf;
+
+		session_async_ok = !uffdwp_probe(&uf) && uf.set_mode &&
+				   uf.wp_ring && uf.wp_unpopulated;
+		if (!session_async_ok)
+			bench_comment("uffdwp_session runs in sync mode here: the "
+				      "kernel lacks UFFDIO_SET_MODE or the ring");
+	}
 	sd_ok = soft_dirty_works(&sd_why);
 	if (!sd_ok)
 		bench_comment("soft_dirty skipped: %s", sd_why);

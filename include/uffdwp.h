@@ -364,6 +364,10 @@ int uffdwp_snapshot_fd(struct uffdwp_snapshot *s);
 #define UFFDWP_STATS_DONE		(1u << 0)
 #define UFFDWP_STATS_USED_UNPOPULATED	(1u << 1)
 #define UFFDWP_STATS_USER_MODE_ONLY	(1u << 2)
+/* Sessions: the writes since the last snapshot are resolved
+ * by the kernel and logged in the write-log ring (async mode), not by the
+ * session's handler thread. */
+#define UFFDWP_STATS_ASYNC_BETWEEN	(1u << 3)
 
 struct uffdwp_stats_v {
 	uint32_t size;		/* in: the caller's size; out: bytes filled */

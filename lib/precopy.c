@@ -42,86 +42,6 @@
 
 #define DEFAULT_TARGET	1024
 #define DEFAULT_ROUNDS	8
-#define SCAN_VEC	256
-
-/* PAGEMAP_SCAN's report callback: the pages into the map in ARG. */
-struct scan_mark {
-	struct uffdwp_snapshot *s;
-	_Atomic uint64_t *map;
-};
-
-static void mark_scanned(void *arg, uintptr_t start, uintptr_t end)
-{
-	struct scan_mark *m = arg;
-
-	uw_mark_pages(&m->s->rs, m->map, start, end - start);
-}
-
-static int set_async(struct uffdwp_snapshot *s, bool on)
-{
-	struct uffdio_set_mode m = { 0 };
-
-	if (on)
-		m.enable = UFFD_FEATURE_WP_ASYNC;
-	else
-		m.disable = UFFD_FEATURE_WP_ASYNC;
-	return uw_snap_ioctl(s, UFFDIO_SET_MODE, &m);
-}
-
-/*
- * The pages written since the last harvest into MAP, protected again
- * (unless the ring overflowed and PROTECT is false: the instant protects
- * its set itself, and in sync mode the scan cannot).  0 or -errno.
- */
-static int harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
-		   bool protect)
-{
-	const struct uffd_ring_header *h = s->ring;
-	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
-	/* The overflow count before the flag (the kernel publishes it
-	 * after): the clear below then covers only the overflow seen here. */
-	uint64_t overflows = __atomic_load_n(&h->overflows, __ATOMIC_ACQUIRE);
-	bool overflow = (__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
-			 UFFD_RING_OVERFLOW) ||
-			prod - s->ring_consumer > h->entries;
-	struct uffdio_ring_reset rr = { .consumer = prod,
-					.overflows = overflows };
-	struct page_region vec[SCAN_VEC];
-	struct scan_mark m = { s, map };
-	int err;
-
-	if (!overflow)
-		uw_ring_mark(s->ring, s->ring_consumer, prod, &s->rs, map);
-	/*
-	 * Without an overflow the reset protects the logged pages again, in
-	 * one call with one TLB flush (the instant's own protect calls then
-	 * find them protected and flush nothing).  After an overflow the
-	 * scan below finds the pages, so the entries are only dropped.
-	 */
-	if (overflow)
-		rr.flags = UFFDIO_RING_RESET_DISCARD |
-			   UFFDIO_RING_RESET_CLEAR_OVERFLOW;
-	err = uw_snap_ioctl(s, UFFDIO_RING_RESET, &rr);
-	/* -ESTALE: another overflow began after the look; the entries were
-	 * dropped all the same and its flag stays set, so the next harvest
-	 * scans again.  This one scans below. */
-	if (err == -ESTALE)
-		err = 0;
-	if (err)
-		return err;
-	s->ring_consumer = prod;
-	if (!overflow)
-		return 0;
-	if (s->pagemap_fd < 0)
-		return -EOPNOTSUPP;
-	/* Every page not protected was written: in a round, protect it as
-	 * it is reported; at the instant, only report it. */
-	return uw_scan_regions(s->pagemap_fd, &s->rs,
-			       protect ? PM_SCAN_WP_MATCHING |
-					 PM_SCAN_CHECK_WPASYNC : 0,
-			       PAGE_IS_WRITTEN, vec, SCAN_VEC, mark_scanned,
-			       &m);
-}
 
 /* Write the pages set in MAP to the file, each at its index, and clear
  * MAP.  Returns the number of pages or -errno. */
@@ -176,7 +96,7 @@ static int start_tracking(struct uffdwp_snapshot *s)
 	int err;
 
 	uw_session_hold(s);
-	err = set_async(s, true);
+	err = uw_set_async(s, true);
 	if (!err) {
 		s->async_mode = true;
 		/* Whatever overflow is flagged: every page is protected
@@ -216,7 +136,7 @@ static int start_tracking(struct uffdwp_snapshot *s)
 static int stop_tracking(struct uffdwp_snapshot *s, int err)
 {
 	uw_session_hold(s);
-	if (s->async_mode && !set_async(s, false))
+	if (s->async_mode && !uw_set_async(s, false))
 		s->async_mode = false;
 	s->need_base = true;
 	uw_session_release(s);
@@ -238,14 +158,14 @@ static int final_harvest(struct uffdwp_snapshot *s, void *arg)
 	int err;
 
 	(void)arg;
-	err = set_async(s, false);
+	err = uw_set_async(s, false);
 	t1 = uw_now_ns();
 	uw_precopy_switch_ns = t1 - t0;
 	if (err)
 		return err;
 	s->async_mode = false;
 	s->full_layout = true;
-	err = harvest(s, s->dirty, false);
+	err = uw_ring_harvest(s, s->dirty, UW_HARVEST_INSTANT);
 	uw_precopy_harvest_ns = uw_now_ns() - t1;
 	return err;
 }
@@ -307,7 +227,7 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 				    (rounds > 2 && n >= prev))))
 			break;
 		prev = n;
-		err = harvest(s, map, true);
+		err = uw_ring_harvest(s, map, UW_HARVEST_ROUND);
 	}
 	uw_free(map, s->bitmap_len);
 	if (err)

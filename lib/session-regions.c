@@ -186,6 +186,9 @@ static int change_held(void *arg)
 	struct uffdwp_snapshot *s = c->s;
 
 	uw_session_hold(s);
+	/* Pages the ring logged in async mode join the dirty bits carried
+	 * over (best effort: a failed fold leaves its pages to the next). */
+	uw_session_fold(s);
 	pthread_mutex_lock(&s->read_lock);
 	if (c->gone) {
 		struct uffdio_range u = {

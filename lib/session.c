@@ -413,8 +413,12 @@ static int instant_held(void *arg)
 
 	uw_session_hold(s);
 	t0 = uw_now_ns();
+	/* A pre-copy leaves async mode in its own PREPARE; a session that
+	 * ran async since its last snapshot does here (session-async.c). */
 	if (h->prepare)
 		err = h->prepare(s, h->arg);
+	else
+		err = uw_session_leave_async(s);
 	if (err) {
 		uw_session_release(s);
 		return err;
@@ -568,16 +572,13 @@ int uffdwp_session_stats(struct uffdwp_session *ss,
 ssize_t uffdwp_session_dirty(struct uffdwp_session *ss)
 {
 	struct uffdwp_snapshot *s = of(ss);
-	ssize_t n = 0;
 
 	if (!ss)
 		return -EINVAL;
 	if (uw_snap_foreign(s))
 		return -ECHILD;
-	for (size_t w = 0; w < s->words; w++)
-		n += __builtin_popcountll(atomic_load_explicit(
-			&s->dirty[w], memory_order_relaxed));
-	return n;
+	/* In async mode the pages written since are in the ring too. */
+	return uw_session_count_dirty(s);
 }
 
 void uffdwp_session_free(struct uffdwp_session *ss)

@@ -391,6 +391,10 @@ void *uw_snap_copier_main(void *arg)
 		uw_snap_unprotect_all(s);
 	}
 	release_sink(s, err);
+	/* A session's writes until its next instant: async where it can
+	 * (session-async.c), before the caller learns the copy is done. */
+	if (!err)
+		uw_session_go_async(s);
 	uw_snap_finish(s, err);
 	return NULL;
 }

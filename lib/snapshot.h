@@ -266,4 +266,32 @@ int uw_session_instant(struct uffdwp_snapshot *s, bool base, uint64_t t_start,
 		       int (*prepare)(struct uffdwp_snapshot *s, void *arg),
 		       void *arg);
 
+/*
+ * Async mode between snapshots and the ring's harvests (session-async.c).
+ * uw_set_async: UFFDIO_SET_MODE on or off.  uw_ring_harvest: the pages
+ * the ring logged since the last harvest into MAP (after an overflow,
+ * every page not protected): a pre-copy round protects them again (the
+ * scan too), an instant's reset protects them (the scan only reports), a
+ * fold protects nothing.  uw_session_go_async: the copier, after a
+ * session's copy succeeded: async mode where the ring, UFFDIO_SET_MODE
+ * and no huge block allow it.  uw_session_fold: under the instant lock,
+ * the ring's pages into the dirty bitmap (0 in sync mode);
+ * uw_session_fold_held takes the lock.  uw_session_leave_async: under the
+ * instant lock, back to sync mode and the ring harvested into the dirty
+ * bitmap (0 in sync mode).  UW_SESSION_SYNC_BETWEEN: test and benchmark
+ * seam, sessions stay in sync mode between snapshots.
+ */
+enum uw_harvest { UW_HARVEST_ROUND, UW_HARVEST_INSTANT, UW_HARVEST_FOLD };
+int uw_set_async(struct uffdwp_snapshot *s, bool on);
+int uw_ring_harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
+		    enum uw_harvest how);
+void uw_session_go_async(struct uffdwp_snapshot *s);
+int uw_session_fold(struct uffdwp_snapshot *s);
+int uw_session_fold_held(struct uffdwp_snapshot *s);
+int uw_session_leave_async(struct uffdwp_snapshot *s);
+/* uffdwp_session_dirty()'s count, the ring folded in (async-signal-safe:
+ * without the instant lock, the ring's pending pages counted aside). */
+ssize_t uw_session_count_dirty(struct uffdwp_snapshot *s);
+extern bool uw_session_sync_between;
+
 #endif

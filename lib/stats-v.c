@@ -14,6 +14,19 @@
 
 #define MAX_SIZE	4096
 
+/* Whether a session runs in async mode between snapshots now. */
+static bool async_between(struct uffdwp_snapshot *s)
+{
+	bool on;
+
+	if (!s->session)
+		return false;
+	uw_session_hold(s);
+	on = s->async_mode;
+	uw_session_release(s);
+	return on;
+}
+
 static int fill(struct uffdwp_snapshot *s, struct uffdwp_stats_v *out)
 {
 	struct uffdwp_snapshot_stats st;
@@ -41,7 +54,8 @@ static int fill(struct uffdwp_snapshot *s, struct uffdwp_stats_v *out)
 	v.size = (uint32_t)mine;
 	v.flags = (st.done ? UFFDWP_STATS_DONE : 0) |
 		  (st.used_unpopulated ? UFFDWP_STATS_USED_UNPOPULATED : 0) |
-		  (st.user_mode_only ? UFFDWP_STATS_USER_MODE_ONLY : 0);
+		  (st.user_mode_only ? UFFDWP_STATS_USER_MODE_ONLY : 0) |
+		  (async_between(s) ? UFFDWP_STATS_ASYNC_BETWEEN : 0);
 	v.error = st.error;
 	v.pause_ns = st.pause_ns;
 	v.start_ns = st.start_ns;
