@@ -420,10 +420,15 @@ int uffdwp_snapshot_stats_v(struct uffdwp_snapshot *s,
  * Between snapshots the regions stay write-protected: the first write to
  * a page after a snapshot is a round trip through the session's handler
  * thread (which notes the page and unprotects it), like a write during a
- * snapshot.  Pages discarded with MADV_DONTNEED, MADV_FREE or MADV_REMOVE
- * count as written.  Where the session falls back to user-mode faults
- * (stats.user_mode_only), system calls that write into the regions fail
- * with EFAULT for as long as the session lives, not only during a copy.
+ * snapshot.  On a kernel with UFFDIO_SET_MODE and the write-log ring, a
+ * session whose regions hold no PMD-mapped huge page at the instant runs
+ * in async mode from the end of each copy to the next instant instead: the
+ * kernel resolves first writes and logs them in the ring, the session's
+ * dirty set (UFFDWP_STATS_ASYNC_BETWEEN says so).  Pages discarded with
+ * MADV_DONTNEED, MADV_FREE or MADV_REMOVE count as written.  Where the
+ * session falls back to user-mode faults (stats.user_mode_only), system
+ * calls that write into the regions fail with EFAULT while it is in sync
+ * mode, not only during a copy.
  *
  * Snapshots are written in the uffdwp snapshot file format (version 2,
  * in the writer's byte order, described in docs/libuffdwp.md): a 64-byte
