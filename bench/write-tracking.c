@@ -13,7 +13,12 @@
  *
  * Options: --pages N[,N...] (every variant at these sizes), --threads
  * T[,T...] (writer threads, default 1,4; the sweep runs 1,2,4,8 on the two
- * vCPUs the guests have).
+ * vCPUs the guests have), --variants NAME[,NAME...] (default all).
+ *
+ * uffdwp_session and uffdwp_session_sync: libuffdwp's session, the first
+ * write to each page between snapshots (before each repetition, untimed, a
+ * snapshot into a memfd protects every page again): async mode with the
+ * ring as the dirty set where the kernel allows, and held in sync mode.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -590,6 +595,29 @@ static size_t allow_vmas(size_t pages)
 	return cur - 4096;
 }
 
+/* --variants NAME[,NAME...]: only these (all by default). */
+static bool use[NR_VARIANTS];
+
+static bool pick_variants(const char *list)
+{
+	memset(use, !list, sizeof(use));
+	for (const char *p = list; p && *p;) {
+		size_t n = strcspn(p, ","), v = 0;
+
+		while (v < NR_VARIANTS && (strlen(variant_name[v]) != n ||
+					   strncmp(variant_name[v], p, n)))
+			v++;
+		if (v == NR_VARIANTS) {
+			fprintf(stderr, "bench-write-tracking: --variants: unknown variant '%.*s'\n",
+				(int)n, p);
+			return false;
+		}
+		use[v] = true;
+		p += n + (p[n] == ',');
+	}
+	return true;
+}
+
 /* A signal or handler-thread variant: each fault costs tens of microseconds
  * in the TCG guest, which rules out 5 repetitions of 262144 pages in the
  * default run. */
@@ -604,6 +632,7 @@ int main(int argc, char **argv)
 {
 	const char *pages_opt = bench_take_opt(&argc, argv, "--pages");
 	const char *threads_opt = bench_take_opt(&argc, argv, "--threads");
+	const char *variants_opt = bench_take_opt(&argc, argv, "--variants");
 	size_t sizes[8] = { 1024, 16384, 262144 }, nsizes = 3, max_ranges;
 	size_t threads[8] = { 1, 4 }, nthreads = 2;
 	struct bench_opts o;
@@ -612,6 +641,8 @@ int main(int argc, char **argv)
 	uint64_t start = bench_now_ns();
 
 	bench_parse_args(argc, argv, &o, 5);
+	if (!pick_variants(variants_opt))
+		return 2;
 	if (threads_opt)
 		nthreads = bench_parse_list("--threads", threads_opt, threads, 8,
 					    1, 64, 1);
@@ -691,7 +722,7 @@ int main(int argc, char **argv)
 					.threads = (int)threads[t],
 				};
 
-				if (v == SOFT_DIRTY && !sd_ok)
+				if (!use[v] || (v == SOFT_DIRTY && !sd_ok))
 					continue;
 				if (!all_variants && slow_variant(v) && c.pages > 16384)
 					continue;

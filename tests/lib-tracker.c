@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "tap.h"
+#include "uffd_util.h"
 #include "uffdwp.h"
 
 #define PAGES 96
@@ -48,12 +49,10 @@ static char *area;		/* PAGES pages between two PROT_NONE guards */
 static char got_sets[UFFDWP_BACKEND_COUNT][3][PAGES];
 static bool ran[UFFDWP_BACKEND_COUNT];
 
-static uint64_t now_ms(void)
+/* uffd_util.h's clock, as this file counts time. */
+static uint64_t clock_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	return (uint64_t)now_ms();
 }
 
 static char *map_guarded(size_t pages)
@@ -631,20 +630,6 @@ static void *mps_collector(void *arg)
 	return NULL;
 }
 
-/* Join TH once *DONE, waiting at most 10 s: false if it did not end. */
-static bool mps_join(pthread_t th, volatile int *done)
-{
-	uint64_t end = now_ms() + 10000;
-
-	while (!__atomic_load_n(done, __ATOMIC_ACQUIRE))
-		if (now_ms() > end)
-			return false;
-		else
-			usleep(1000);
-	pthread_join(th, NULL);
-	return true;
-}
-
 static void mps_on_usr1(int sig)
 {
 	(void)sig;
@@ -709,8 +694,8 @@ static void t_mprotect_signals_fork(void)
 		usleep(1000);
 	}
 	mps_stop = 1;
-	if (!mps_join(w, &mps_writer_done) ||
-	    !mps_join(c, &mps_collector_done)) {
+	if (!joined_within(w, &mps_writer_done, 10000) ||
+	    !joined_within(c, &mps_collector_done, 10000)) {
 		/* Threads stuck in the handler: report, leave them. */
 		tap_fail(n_sig, "threads did not stop within 10 s (a claim spinning?); %ld round(s) of signals stalled collects",
 			 stalls);
@@ -1021,10 +1006,10 @@ static void t_differential(enum uffdwp_backend b, bool discard)
 	/* At least the time asked for, and 12 collects unless that takes
 	 * fifty times as long (a slow guest: the debug lane's KASAN kernel
 	 * managed 2 mprotect collects in four times the time). */
-	uint64_t start = now_ms(), end = start + (uint64_t)diff_ms,
+	uint64_t start = clock_ms(), end = start + (uint64_t)diff_ms,
 		 cap = start + 50 * (uint64_t)diff_ms;
 
-	while (!why[0] && (now_ms() < end || (rounds < 12 && now_ms() < cap))) {
+	while (!why[0] && (clock_ms() < end || (rounds < 12 && clock_ms() < cap))) {
 		/* An epoch: collects while the writers run... */
 		int k = 1 + (int)(rnd(&rng) % 6);
 		long n = 0;
@@ -1276,9 +1261,9 @@ static void fw_child(void)
 	r = (struct uffdwp_region){ fw_mem, 64 * psz };
 	for (int i = 0; i < 3; i++)
 		pthread_create(&th[i], NULL, fw_writer, (void *)(uintptr_t)(i + 1));
-	uint64_t end = now_ms() + 1000;
+	uint64_t end = clock_ms() + 1000;
 
-	for (int i = 0; i < 5000 && now_ms() < end; i++) {
+	for (int i = 0; i < 5000 && clock_ms() < end; i++) {
 		struct uffdwp_tracker *t = NULL;
 
 		if (uffdwp_tracker_new(&t, &r, 1, UFFDWP_BACKEND_MPROTECT))
@@ -1488,7 +1473,7 @@ int main(void)
 	area = map_guarded(PAGES);
 	if (!area)
 		tap_bail("no memory");
-	seed = env ? strtoull(env, NULL, 0) : (unsigned long long)now_ms() *
+	seed = env ? strtoull(env, NULL, 0) : (unsigned long long)clock_ms() *
 						 2654435761ULL ^ (unsigned long long)getpid();
 	seed |= 1;
 	env = getenv("UFFDWP_DIFF_MS");
