@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "uffd_ring.h"
 #include "uffd_util.h"
 #include "uffdwp.h"
 
@@ -46,6 +47,7 @@ enum variant {
 	UFFD_THREAD,
 	UFFD_SIGBUS,
 	UFFD_ASYNC,
+	UFFD_ASYNC_RING,
 	MPROTECT_SEGV,
 	MPROTECT_SEGV_RANGES,
 	SOFT_DIRTY,
@@ -59,6 +61,7 @@ static const char *const variant_name[NR_VARIANTS] = {
 	[UFFD_THREAD] = "uffd_thread",
 	[UFFD_SIGBUS] = "uffd_sigbus",
 	[UFFD_ASYNC] = "uffd_async",
+	[UFFD_ASYNC_RING] = "uffd_async_ring",
 	[MPROTECT_SEGV] = "mprotect_segv",
 	[MPROTECT_SEGV_RANGES] = "mprotect_segv_ranges",
 	[SOFT_DIRTY] = "soft_dirty",
@@ -76,7 +79,10 @@ static struct uffdwp_session *g_ss;
 static int g_snap_fd = -1;
 /* The kernel lets sessions run async between snapshots (the ring and
  * UFFDIO_SET_MODE): uffdwp_session must, uffdwp_session_sync must not. */
-static bool session_async_ok;
+static bool session_async_ok, session_ok, ring_ok;
+
+/* uffd_async_ring: the write-log ring of the async userfaultfd. */
+static struct uring_view g_ring = { .uffd = -1 };
 
 /* State the signal handlers read: the tracked range and its uffd. */
 static char *g_mem;
@@ -343,6 +349,14 @@ static void protect(const struct config *c)
 	case UFFD_ASYNC:
 		err = uffd_wp(g_uffd, g_mem, g_len, UFFDIO_WRITEPROTECT_MODE_WP);
 		break;
+	case UFFD_ASYNC_RING:
+		/* the last repetition's entries dropped, every page protected */
+		err = ring_reset(&g_ring, ring_producer(&g_ring),
+				 UFFDIO_RING_RESET_DISCARD, NULL);
+		if (!err)
+			err = uffd_wp(g_uffd, g_mem, g_len,
+				      UFFDIO_WRITEPROTECT_MODE_WP);
+		break;
 	case MPROTECT_SEGV:
 		err = mprotect(g_mem, g_len, PROT_READ) ? -errno : 0;
 		break;
@@ -406,6 +420,22 @@ static void run_config(const struct config *c, int reps)
 	case UFFD_ASYNC:
 		setup_uffd(UFFD_FEATURE_WP_ASYNC);
 		break;
+	case UFFD_ASYNC_RING: {
+		uint64_t entries = 64, ioctls = 0;
+
+		while (entries < c->pages)
+			entries <<= 1;
+		errno = -ring_open(&g_ring, entries, 0);
+		if (errno)
+			bench_fail("uffd_async_ring: a ring of %llu entries: %s",
+				   (unsigned long long)entries, strerror(errno));
+		g_uffd = g_ring.uffd;
+		errno = -uffd_register(g_uffd, g_mem, g_len,
+				       UFFDIO_REGISTER_MODE_WP, &ioctls);
+		if (errno)
+			bench_fail("UFFDIO_REGISTER mode WP: %s", strerror(errno));
+		break;
+	}
 	case UFFDWP_SESSION:
 	case UFFDWP_SESSION_SYNC: {
 		struct uffdwp_region r = { g_mem, g_len };
@@ -447,6 +477,7 @@ static void run_config(const struct config *c, int reps)
 		case UFFD_THREAD:
 		case UFFD_SIGBUS:
 		case UFFD_ASYNC:
+		case UFFD_ASYNC_RING:
 			n = count_pagemap(g_mem, c->pages, PM_UFFD_WP);
 			if (n != c->pages)
 				bench_fail("%s %s: %zu of %zu pages uffd-wp after "
@@ -521,6 +552,9 @@ static void run_config(const struct config *c, int reps)
 				bench_fail("%s %s: %zu pages still uffd-wp after "
 					   "the writes", variant_name[c->v], param, n);
 			break;
+		case UFFD_ASYNC_RING:
+			resolved = (long)(ring_producer(&g_ring) - g_ring.consumer);
+			break;
 		case SOFT_DIRTY:
 			n = count_pagemap(g_mem, c->pages, PM_SOFT_DIRTY);
 			if (n != c->pages)
@@ -552,6 +586,10 @@ static void run_config(const struct config *c, int reps)
 			bench_fail("eventfd write: %s", strerror(errno));
 		pthread_join(h.thread, NULL);
 		close(h.stop_fd);
+	}
+	if (g_ring.uffd >= 0) {
+		ring_close(&g_ring);
+		g_uffd = -1;
 	}
 	if (g_uffd >= 0) {
 		close(g_uffd);
@@ -670,7 +708,9 @@ int main(int argc, char **argv)
 	bench_comment("no_tracking: plain writes to writable memory; uffd_thread: "
 		      "uffd-wp sync, handler thread unprotects (WRITEPROTECT mode 0, "
 		      "wakes); uffd_sigbus: UFFD_FEATURE_SIGBUS, the writer's SIGBUS "
-		      "handler unprotects; uffd_async: UFFD_FEATURE_WP_ASYNC");
+		      "handler unprotects; uffd_async: UFFD_FEATURE_WP_ASYNC; "
+		      "uffd_async_ring: the same with the write-log ring logging "
+		      "each resolution");
 	bench_comment("mprotect_segv: one mprotect(PROT_READ) of the range, SIGSEGV "
 		      "handler mprotects the page RW; mprotect_segv_ranges: every "
 		      "page its own VMA (MADV_DONTFORK on every other page keeps "
@@ -699,8 +739,15 @@ int main(int argc, char **argv)
 	{
 		struct uffdwp_features uf;
 
-		session_async_ok = !uffdwp_probe(&uf) && uf.set_mode &&
+		session_ok = !uffdwp_probe(&uf) && uf.wp;
+		session_async_ok = session_ok && uf.set_mode &&
 				   uf.wp_ring && uf.wp_unpopulated;
+		ring_ok = ring_supported();
+		if (!session_ok)
+			bench_comment("uffdwp_session variants skipped: no sync "
+				      "write-protection for libuffdwp");
+		if (!ring_ok)
+			bench_comment("uffd_async_ring skipped: no write-log ring");
 		if (!session_async_ok)
 			bench_comment("uffdwp_session runs in sync mode here: the "
 				      "kernel lacks UFFDIO_SET_MODE or the ring");
@@ -722,7 +769,10 @@ int main(int argc, char **argv)
 					.threads = (int)threads[t],
 				};
 
-				if (!use[v] || (v == SOFT_DIRTY && !sd_ok))
+				if (!use[v] || (v == SOFT_DIRTY && !sd_ok) ||
+				    (v == UFFD_ASYNC_RING && !ring_ok) ||
+				    ((v == UFFDWP_SESSION ||
+				      v == UFFDWP_SESSION_SYNC) && !session_ok))
 					continue;
 				if (!all_variants && slow_variant(v) && c.pages > 16384)
 					continue;

@@ -98,7 +98,7 @@ static int start_tracking(struct uffdwp_snapshot *s)
 	uw_session_hold(s);
 	err = uw_set_async(s, true);
 	if (!err) {
-		s->async_mode = true;
+		__atomic_store_n(&s->async_mode, true, __ATOMIC_RELEASE);
 		/* Whatever overflow is flagged: every page is protected
 		 * below.  One that begins after this look keeps its flag
 		 * (-ESTALE), and the first harvest scans for it. */
@@ -137,7 +137,7 @@ static int stop_tracking(struct uffdwp_snapshot *s, int err)
 {
 	uw_session_hold(s);
 	if (s->async_mode && !uw_set_async(s, false))
-		s->async_mode = false;
+		__atomic_store_n(&s->async_mode, false, __ATOMIC_RELEASE);
 	s->need_base = true;
 	uw_session_release(s);
 	return err;
@@ -163,7 +163,7 @@ static int final_harvest(struct uffdwp_snapshot *s, void *arg)
 	uw_precopy_switch_ns = t1 - t0;
 	if (err)
 		return err;
-	s->async_mode = false;
+	__atomic_store_n(&s->async_mode, false, __ATOMIC_RELEASE);
 	s->full_layout = true;
 	err = uw_ring_harvest(s, s->dirty, UW_HARVEST_INSTANT);
 	uw_precopy_harvest_ns = uw_now_ns() - t1;
@@ -227,7 +227,12 @@ int uffdwp_session_precopy(struct uffdwp_session *ss, int fd,
 				    (rounds > 2 && n >= prev))))
 			break;
 		prev = n;
+		/* Under the lock: uffdwp_session_dirty() may fold the ring
+		 * meanwhile (its pages then reach the instant's set through
+		 * the dirty bitmap). */
+		uw_session_hold(s);
 		err = uw_ring_harvest(s, map, UW_HARVEST_ROUND);
+		uw_session_release(s);
 	}
 	uw_free(map, s->bitmap_len);
 	if (err)

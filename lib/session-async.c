@@ -24,12 +24,15 @@
  *    instant lock for a while (it may have interrupted its holder) it
  *    counts the ring's entries beside the bitmap without consuming them.
  *
- * Only while no PMD-mapped block is in the regions at the instant: an
- * async write into a PMD-mapped huge page splits its mapping (the kernel
- * resolves 4 KiB at a time), where the handler unprotects the whole block
- * in one round trip and keeps it huge.  A session with huge blocks, on a
- * kernel without the ring or UFFDIO_SET_MODE, or created with
- * UFFDWP_SNAP_NO_UNPOPULATED stays in sync mode between snapshots.
+ * Only for private anonymous regions with no PMD-mapped block at the
+ * instant: an async write into a PMD-mapped huge page splits its mapping
+ * (the kernel resolves 4 KiB at a time), where the handler unprotects the
+ * whole block in one round trip and keeps it huge.  A session with huge
+ * blocks, shmem or hugetlb, without /proc/self/pagemap (an overflow could
+ * not be scanned), on a kernel without the ring or UFFDIO_SET_MODE, or
+ * created with UFFDWP_SNAP_NO_UNPOPULATED stays in sync mode between
+ * snapshots.  A region is added in sync mode (async mode would register
+ * any file mapping); a harvest that fails makes the next snapshot a base.
  *
  * Discards (UFFD_EVENT_REMOVE) and replaced memory (UNMAP, REMAP) are read
  * by the handler in either mode and mark their pages dirty as before.  A
@@ -88,6 +91,10 @@ int uw_ring_harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 	struct scan_mark m = { s, map };
 	int err;
 
+	/* Without pagemap an overflow cannot be scanned: keep its flag and
+	 * the entries (the caller fails, the next snapshot is a base). */
+	if (overflow && s->pagemap_fd < 0)
+		return -EOPNOTSUPP;
 	if (!overflow)
 		uw_ring_mark(s->ring, s->ring_consumer, prod, &s->rs, map);
 	/*
@@ -113,8 +120,6 @@ int uw_ring_harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 	__atomic_store_n(&s->ring_consumer, prod, __ATOMIC_RELEASE);
 	if (!overflow)
 		return 0;
-	if (s->pagemap_fd < 0)
-		return -EOPNOTSUPP;
 	/* Every page not protected was written: in a round, protect it as
 	 * it is reported; otherwise only report it. */
 	return uw_scan_regions(s->pagemap_fd, &s->rs,
@@ -124,26 +129,79 @@ int uw_ring_harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 			       &m);
 }
 
-void uw_session_go_async(struct uffdwp_snapshot *s)
+/* Set and read under the instant lock; read without it (atomically) by
+ * the lock-free count. */
+static void set_mode_flag(struct uffdwp_snapshot *s, bool on)
 {
-	if (!s->session || !s->ring || s->nhuge || uw_session_sync_between)
-		return;
+	__atomic_store_n(&s->async_mode, on, __ATOMIC_RELEASE);
+}
+
+/* The next snapshot a base: what the ring held could not be harvested. */
+static void lost_track(struct uffdwp_snapshot *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->need_base = true;
+	pthread_mutex_unlock(&s->lock);
+}
+
+static int go_async_held(void *arg)
+{
+	struct uffdwp_snapshot *s = arg;
+
 	uw_session_hold(s);
 	if (!s->async_mode && !uw_set_async(s, true)) {
-		s->async_mode = true;
+		set_mode_flag(s, true);
 		/* What the ring logged in sync mode (zaps and the like, each
 		 * also read as an event) joins the dirty set: harmless. */
-		if (uw_ring_harvest(s, s->dirty, UW_HARVEST_FOLD) &&
-		    !uw_set_async(s, false))
-			s->async_mode = false;
+		if (uw_session_fold(s) && !uw_set_async(s, false))
+			set_mode_flag(s, false);
 	}
 	uw_session_release(s);
+	return 0;
+}
+
+void uw_session_go_async(struct uffdwp_snapshot *s, bool aside)
+{
+	/* Without pagemap an overflow could not be harvested; shmem and
+	 * hugetlb stay sync (a hugetlb entry may be larger than a block). */
+	if (!s->session || !s->ring || s->nhuge || s->pagemap_fd < 0 ||
+	    !s->anon_only || uw_session_sync_between)
+		return;
+	/* The caller's thread: aside, since until the switch a fault on its
+	 * stack would wait for the handler, which waits for the lock. */
+	if (aside)
+		uw_run_aside(go_async_held, s);
+	else
+		go_async_held(s);
 }
 
 int uw_session_fold(struct uffdwp_snapshot *s)
 {
-	return s->async_mode ? uw_ring_harvest(s, s->dirty, UW_HARVEST_FOLD) :
-			       0;
+	int err;
+
+	if (!s->async_mode)
+		return 0;
+	err = uw_ring_harvest(s, s->dirty, UW_HARVEST_FOLD);
+	if (err)
+		lost_track(s);
+	return err;
+}
+
+static int leave_async_held(void *arg)
+{
+	struct uffdwp_snapshot *s = arg;
+	int err;
+
+	uw_session_hold(s);
+	err = uw_session_leave_async(s);
+	uw_session_release(s);
+	return err;
+}
+
+int uw_session_sync_now(struct uffdwp_snapshot *s)
+{
+	return __atomic_load_n(&s->async_mode, __ATOMIC_ACQUIRE) ?
+	       uw_run_aside(leave_async_held, s) : 0;
 }
 
 int uw_session_fold_held(struct uffdwp_snapshot *s)
@@ -168,8 +226,6 @@ static ssize_t ring_pending(struct uffdwp_snapshot *s)
 	size_t psz = uw_page_size();
 	ssize_t n = 0;
 
-	if (prod - from > h->entries)
-		from = prod - h->entries;
 	for (uint64_t i = from; i < prod; i++) {
 		uint64_t e = ent[i & (h->entries - 1)];
 		uintptr_t a = (uintptr_t)(e & UFFD_RING_ENTRY_ADDR_MASK);
@@ -184,6 +240,48 @@ static ssize_t ring_pending(struct uffdwp_snapshot *s)
 	return n;
 }
 
+struct scan_count {
+	struct uffdwp_snapshot *s;
+	ssize_t n;
+};
+
+static void count_scanned(void *arg, uintptr_t start, uintptr_t end)
+{
+	struct scan_count *c = arg;
+
+	for (uintptr_t p = start; p < end; p += uw_page_size()) {
+		long idx = uw_page_index(&c->s->rs, p);
+
+		c->n += idx >= 0 && !uw_bit_test(c->s->dirty, (size_t)idx);
+	}
+}
+
+/*
+ * Without the lock, in async mode: the pages written since the instant
+ * whose dirty bit is clear.  The ring's entries while it holds them all;
+ * after an overflow every page not protected (PAGEMAP_SCAN, report only:
+ * the pages the kernel resolved since the instant; the others the handler
+ * unprotected are dirty already).
+ */
+static ssize_t pending_unlocked(struct uffdwp_snapshot *s)
+{
+	const struct uffd_ring_header *h = s->ring;
+	struct page_region vec[SCAN_VEC / 4];
+	struct scan_count c = { s, 0 };
+	uint64_t prod = __atomic_load_n(&h->producer, __ATOMIC_ACQUIRE);
+	bool overflow = (__atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) &
+			 UFFD_RING_OVERFLOW) ||
+			prod - __atomic_load_n(&s->ring_consumer,
+					       __ATOMIC_ACQUIRE) > h->entries;
+
+	if (!overflow)
+		return ring_pending(s);
+	if (uw_scan_regions(s->pagemap_fd, &s->rs, 0, PAGE_IS_WRITTEN, vec,
+			    SCAN_VEC / 4, count_scanned, &c))
+		return 0;
+	return c.n;
+}
+
 /* How long uffdwp_session_dirty() tries for the instant lock before it
  * counts without it (the lock may be held by the thread it interrupted). */
 #define COUNT_TRIES	1000
@@ -191,22 +289,23 @@ static ssize_t ring_pending(struct uffdwp_snapshot *s)
 ssize_t uw_session_count_dirty(struct uffdwp_snapshot *s)
 {
 	ssize_t n = 0, pending = 0;
-	int err = 0, tries = 0;
+	int tries = 0;
 	bool held;
 
 	while (!(held = !pthread_mutex_trylock(&s->instant_lock)) &&
 	       ++tries < COUNT_TRIES)
 		sched_yield();
-	if (held)
-		err = uw_session_fold(s);
-	else if (s->ring)
-		pending = ring_pending(s);
-	for (size_t w = 0; !err && w < s->words; w++)
+	/* A failed fold consumed nothing (or the next snapshot is a base):
+	 * count the ring aside as without the lock. */
+	if ((!held || uw_session_fold(s)) &&
+	    __atomic_load_n(&s->async_mode, __ATOMIC_ACQUIRE))
+		pending = pending_unlocked(s);
+	for (size_t w = 0; w < s->words; w++)
 		n += __builtin_popcountll(atomic_load_explicit(
 			&s->dirty[w], memory_order_relaxed));
 	if (held)
 		uw_session_release(s);
-	return err ? err : n + pending;
+	return n + pending;
 }
 
 int uw_session_leave_async(struct uffdwp_snapshot *s)
@@ -218,6 +317,9 @@ int uw_session_leave_async(struct uffdwp_snapshot *s)
 	err = uw_set_async(s, false);
 	if (err)
 		return err;
-	s->async_mode = false;
-	return uw_ring_harvest(s, s->dirty, UW_HARVEST_INSTANT);
+	set_mode_flag(s, false);
+	err = uw_ring_harvest(s, s->dirty, UW_HARVEST_INSTANT);
+	if (err)
+		lost_track(s);
+	return err;
 }

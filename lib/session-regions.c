@@ -317,6 +317,11 @@ int uffdwp_session_add_region(struct uffdwp_session *ss,
 		return err;
 	if (s->rs.nr >= (1u << 20))
 		return -ENOMEM;
+	/* In sync mode, whose registration refuses memory it cannot track
+	 * (async mode would take any file mapping). */
+	err = uw_session_sync_now(s);
+	if (err)
+		return err;
 	reg.range.start = a;
 	reg.range.len = r.len;
 	err = uw_snap_ioctl(s, UFFDIO_REGISTER, &reg);
@@ -330,6 +335,7 @@ int uffdwp_session_add_region(struct uffdwp_session *ss,
 		/* (-EBUSY: another userfaultfd's; ours never was) */
 		if (err != -EBUSY)
 			uw_snap_ioctl(s, UFFDIO_UNREGISTER, &u);
+		uw_session_go_async(s, true);
 		return err;
 	}
 	/* Discarded pages read as zeroes only if every region is private
@@ -337,6 +343,8 @@ int uffdwp_session_add_region(struct uffdwp_session *ss,
 	if (!(s->opts.flags & (UFFDWP_SNAP_DISCARD_ZERO |
 			       UFFDWP_SNAP_DISCARD_FAIL)))
 		s->discard_zero = s->discard_zero && anon;
+	s->anon_only = s->anon_only && anon;
+	uw_session_go_async(s, true);
 	return 0;
 }
 

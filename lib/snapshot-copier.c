@@ -394,7 +394,7 @@ void *uw_snap_copier_main(void *arg)
 	/* A session's writes until its next instant: async where it can
 	 * (session-async.c), before the caller learns the copy is done. */
 	if (!err)
-		uw_session_go_async(s);
+		uw_session_go_async(s, false);
 	uw_snap_finish(s, err);
 	return NULL;
 }

@@ -524,6 +524,7 @@ int uw_snap_create(struct uffdwp_snapshot **out,
 		goto fail;
 	/* Discarded pages read as zeroes where the kernel says so: private
 	 * anonymous memory. */
+	s->anon_only = anon_private;
 	s->discard_zero = opts->flags & UFFDWP_SNAP_DISCARD_ZERO ||
 			  (!(opts->flags & UFFDWP_SNAP_DISCARD_FAIL) &&
 			   anon_private);

@@ -126,6 +126,8 @@ struct uffdwp_snapshot {
 	size_t ring_len;
 	uint64_t ring_consumer;
 	bool async_mode, full_layout;
+	bool anon_only;			/* every region private anonymous
+					 * (async between snapshots only then) */
 
 	/*
 	 * Reading the userfaultfd's messages (read_batch(), in
@@ -285,7 +287,10 @@ enum uw_harvest { UW_HARVEST_ROUND, UW_HARVEST_INSTANT, UW_HARVEST_FOLD };
 int uw_set_async(struct uffdwp_snapshot *s, bool on);
 int uw_ring_harvest(struct uffdwp_snapshot *s, _Atomic uint64_t *map,
 		    enum uw_harvest how);
-void uw_session_go_async(struct uffdwp_snapshot *s);
+void uw_session_go_async(struct uffdwp_snapshot *s, bool aside);
+/* Back to sync mode now (the ring harvested), from the caller's thread:
+ * before a registration, which async mode would let any memory pass. */
+int uw_session_sync_now(struct uffdwp_snapshot *s);
 int uw_session_fold(struct uffdwp_snapshot *s);
 int uw_session_fold_held(struct uffdwp_snapshot *s);
 int uw_session_leave_async(struct uffdwp_snapshot *s);

@@ -22,7 +22,11 @@
  *    the session stays in sync mode (an async write would split the
  *    block), and the block is still PMD-mapped after a write and a delta;
  *  - session-async-dirty-in-signal: uffdwp_session_dirty() called from a
- *    signal handler that interrupts it: no hang, exact counts.
+ *    signal handler that interrupts it: no hang, exact counts;
+ *  - session-async-count-lock-busy, -no-pagemap, -add-file-region: the
+ *    review's findings (the count without the lock after an overflow, a
+ *    session that could not scan an overflow, a file mapping that async
+ *    mode would register).
  * Replayable: SEED=N in the environment (the seed is printed).
  */
 #define _GNU_SOURCE
@@ -34,9 +38,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include "lib_test.h"
+/* the session's internals, for the cases that hold its lock or take its
+ * pagemap away (lib/snapshot.h) */
+#include "../lib/snapshot.h"
 
 #define WRITERS	4
 #define ROUNDS	6
@@ -248,6 +256,225 @@ static int write_file(const char *path, const char *val)
 	return err;
 }
 
+static struct uffdwp_snapshot *inside(struct uffdwp_session *ss)
+{
+	return (struct uffdwp_snapshot *)ss;
+}
+
+/* Write N pages of P from FIRST, each once. */
+static void write_pages(char *p, size_t first, size_t n)
+{
+	for (size_t i = first; i < first + n; i++)
+		p[i * psz] ^= 0x11;
+}
+
+/* One snapshot into FD, waited for; its page count in *PAGES. */
+static int snap_pages(struct uffdwp_session *ss, int fd, uint64_t *pages)
+{
+	struct uffdwp_snapshot_stats st = { 0 };
+	int err = uffdwp_session_snapshot(ss, fd, 0);
+
+	if (!err)
+		err = uffdwp_session_wait(ss, 120000);
+	if (!err)
+		err = uffdwp_session_stats(ss, &st);
+	*pages = st.pages;
+	return err;
+}
+
+struct lock_holder {
+	struct uffdwp_snapshot *s;
+	pthread_t th;
+	atomic_int state;	/* 1 held, 2 release asked, 3 released */
+};
+
+static void *holder_main(void *arg)
+{
+	struct lock_holder *h = arg;
+
+	pthread_mutex_lock(&h->s->instant_lock);
+	atomic_store(&h->state, 1);
+	while (atomic_load(&h->state) != 2)
+		usleep(1000);
+	pthread_mutex_unlock(&h->s->instant_lock);
+	atomic_store(&h->state, 3);
+	return NULL;
+}
+
+/*
+ * session-async-count-lock-busy (ring cut to 64 entries): while another
+ * thread holds the session's lock (as when a signal handler interrupted
+ * its holder), uffdwp_session_dirty() counts aside: 30 pages written (in
+ * the ring's entries), then 300 (the ring overflowed: a scan), and 300
+ * again once the lock is free (the fold); the delta stores the 300.
+ */
+static void t_count_lock_busy(void)
+{
+	const char *name = "session-async-count-lock-busy";
+	size_t pages = 2048, len = pages * (size_t)psz;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_region r = { p, len };
+	struct uffdwp_session *ss = NULL;
+	struct lock_holder h = { 0 };
+	int fds[2] = { memfd_create("a", MFD_CLOEXEC),
+		       memfd_create("b", MFD_CLOEXEC) };
+	ssize_t few = -1, many = -1, freed = -1;
+	uint64_t base = 0, delta = 0;
+	bool async = false;
+	int err;
+
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill(p, len, 8);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap_pages(ss, fds[0], &base);
+	if (!err)
+		async = async_now(ss);
+	if (!err) {
+		h.s = inside(ss);
+		err = -pthread_create(&h.th, NULL, holder_main, &h);
+	}
+	if (!err) {
+		while (atomic_load(&h.state) != 1)
+			usleep(1000);
+		write_pages(p, 100, 30);
+		few = uffdwp_session_dirty(ss);
+		write_pages(p, 500, 270);
+		many = uffdwp_session_dirty(ss);
+		atomic_store(&h.state, 2);
+		pthread_join(h.th, NULL);
+		freed = uffdwp_session_dirty(ss);
+		err = snap_pages(ss, fds[1], &delta);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && async && few == 30 && many == 300 && freed == 300 &&
+		  delta == 300, name,
+		  "err %d, async %d; with the lock busy: %zd (want 30), after the overflow %zd (want 300); free: %zd (want 300); delta %llu pages",
+		  err, async, few, many, freed, (unsigned long long)delta);
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+}
+
+/*
+ * session-async-no-pagemap (ring cut to 64 entries): a session that
+ * cannot read /proc/self/pagemap could not scan after an overflow, so it
+ * stays in sync mode; 300 pages written are all in the next delta.
+ */
+static void t_no_pagemap(void)
+{
+	const char *name = "session-async-no-pagemap";
+	size_t pages = 2048, len = pages * (size_t)psz;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *img = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_region r = { p, len }, dst = { img, len };
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { memfd_create("a", MFD_CLOEXEC),
+		       memfd_create("b", MFD_CLOEXEC) };
+	uint64_t base = 0, delta = 0;
+	ssize_t dirty = -1;
+	bool async = true, same = false;
+	int err;
+
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill(p, len, 9);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err && inside(ss)->pagemap_fd >= 0) {
+		close(inside(ss)->pagemap_fd);
+		inside(ss)->pagemap_fd = -1;
+	}
+	if (!err)
+		err = snap_pages(ss, fds[0], &base);
+	if (!err) {
+		async = async_now(ss);
+		write_pages(p, 0, 300);
+		dirty = uffdwp_session_dirty(ss);
+		err = snap_pages(ss, fds[1], &delta);
+	}
+	if (!err)
+		same = !load_chain(fds, 2, &dst, 1, NULL) && !memcmp(img, p, len);
+	uffdwp_session_free(ss);
+	tap_check(!err && !async && dirty == 300 && delta == 300 && same, name,
+		  "err %d, async %d (want 0), dirty %zd, delta %llu (want 300), image %s",
+		  err, async, dirty, (unsigned long long)delta,
+		  same ? "same" : "differs");
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+	munmap(img, len);
+}
+
+/*
+ * session-async-add-file-region: a MAP_SHARED mapping of a ramfs file
+ * (memory uffd-wp cannot track in sync mode) offered to a session after
+ * its base, when it runs async between snapshots: refused as in sync
+ * mode, and the session's next snapshot still succeeds.
+ */
+static void t_add_file(void)
+{
+	const char *name = "session-async-add-file-region";
+	char dir[] = "/tmp/lib-session-async-XXXXXX", path[64];
+	size_t len = 64 * (size_t)psz, flen = 16 * (size_t)psz;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *q = MAP_FAILED;
+	struct uffdwp_region r = { p, len }, fr;
+	struct uffdwp_session *ss = NULL;
+	int fds[2] = { memfd_create("a", MFD_CLOEXEC),
+		       memfd_create("b", MFD_CLOEXEC) };
+	int err, add = 0, fd = -1;
+	uint64_t base = 0, delta = 0;
+	bool mounted = false, async = false;
+
+	if (skip_no_wp(name))
+		goto out;
+	if (!mkdtemp(dir) || mount("none", dir, "ramfs", 0, NULL)) {
+		tap_skip(name, "cannot mount a ramfs: %s", strerror(errno));
+		goto out;
+	}
+	mounted = true;
+	snprintf(path, sizeof(path), "%s/f", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)flen) ||
+	    (q = mmap(NULL, flen, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		      0)) == MAP_FAILED) {
+		tap_skip(name, "cannot map a ramfs file: %s", strerror(errno));
+		goto out;
+	}
+	memset(q, 1, flen);
+	fr = (struct uffdwp_region){ q, flen };
+	madvise(p, len, MADV_NOHUGEPAGE);
+	fill(p, len, 2);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap_pages(ss, fds[0], &base);
+	if (!err) {
+		async = async_now(ss);
+		add = uffdwp_session_add_region(ss, &fr);
+		write_pages(p, 3, 5);
+		err = snap_pages(ss, fds[1], &delta);
+	}
+	uffdwp_session_free(ss);
+	tap_check(!err && add < 0 && delta == 5 && async == capable(), name,
+		  "err %d, async %d; add_region(ramfs MAP_SHARED) %d (want an error); the next delta %llu pages (want 5)",
+		  err, async, add, (unsigned long long)delta);
+out:
+	if (q != MAP_FAILED)
+		munmap(q, flen);
+	if (fd >= 0)
+		close(fd);
+	if (mounted) {
+		unlink(path);
+		umount(dir);
+		rmdir(dir);
+	}
+	close(fds[0]);
+	close(fds[1]);
+	munmap(p, len);
+}
+
 static void t_overflow(void)
 {
 	const char *name = "session-async-ring-overflow";
@@ -258,6 +485,8 @@ static void t_overflow(void)
 
 	if (!capable()) {
 		tap_skip(name, "kernel without UFFDIO_SET_MODE or the write-log ring");
+		tap_skip("session-async-count-lock-busy", "kernel without UFFDIO_SET_MODE or the write-log ring");
+		tap_skip("session-async-no-pagemap", "kernel without UFFDIO_SET_MODE or the write-log ring");
 		return;
 	}
 	fd = open(knob, O_RDONLY | O_CLOEXEC);
@@ -266,10 +495,14 @@ static void t_overflow(void)
 		close(fd);
 	if (n <= 0 || write_file(knob, "64")) {
 		tap_skip(name, "cannot lower %s (not root?)", knob);
+		tap_skip("session-async-count-lock-busy", "cannot lower %s (not root?)", knob);
+		tap_skip("session-async-no-pagemap", "cannot lower %s (not root?)", knob);
 		return;
 	}
 	/* 2048 pages, 15% a round: about 300 pages, the ring holds 64 */
 	run_rounds(name, 2048, 150, true);
+	t_count_lock_busy();
+	t_no_pagemap();
 	err = write_file(knob, old);
 	if (err)
 		tap_diag("could not restore %s: %d", knob, err);
@@ -423,12 +656,13 @@ int main(void)
 
 	psz = sysconf(_SC_PAGESIZE);
 	seed = s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL);
-	tap_plan(4);
+	tap_plan(7);
 	tap_diag("seed %llu", (unsigned long long)seed);
 	uffdwp_probe(&f);
 	t_between();
 	t_overflow();
 	t_huge();
 	t_dirty_in_signal();
+	t_add_file();
 	return tap_done();
 }

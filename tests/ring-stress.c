@@ -58,6 +58,8 @@
  *    pages with one pattern of its own (writes the ring logs) so that
  *    ksmd merges them, protected or not, and later writes break the
  *    sharing.  ksmd's settings are put back at the end (run=2 unmerges).
+ *    The case ksm-merged fails when ksmd shared no page during a run that
+ *    tried the op at least 5 times (the op would then disrupt nothing).
  */
 #define _GNU_SOURCE
 #include "tap.h"
@@ -1159,10 +1161,11 @@ int main(int argc, char **argv)
 	tap_diag("ring-stress: seed %llu, %d s, %d writers, ring %llu entries, ops %s",
 		 seed, seconds, nwriters, (unsigned long long)ring_entries,
 		 ops ? ops : "all");
-	tap_plan(NPARTS + 1);
+	tap_plan(NPARTS + 2);
 	if (!ring_supported()) {
 		for (i = 0; i < NPARTS; i++)
 			tap_skip(part_name[i], "this kernel has no write-log ring");
+		tap_skip("ksm-merged", "this kernel has no write-log ring");
 		tap_skip("overall", "this kernel has no write-log ring");
 		return tap_done();
 	}
@@ -1239,6 +1242,7 @@ int main(int argc, char **argv)
 		/* Threads are stuck in the kernel: report without joining. */
 		for (i = 0; i < NPARTS; i++)
 			tap_fail(part_name[i], "not checked: threads did not park");
+		tap_fail("ksm-merged", "not checked: threads did not park");
 		tap_fail("overall", "seed %llu: threads did not park within 60 s",
 			 seed);
 		ksm_end();
@@ -1276,14 +1280,26 @@ int main(int argc, char **argv)
 			bad_ops++;
 	}
 	tap_diag("ops ok/tried:%s", buf);
+	/* The ksm-merge op is only a disruptor if ksmd merged something. */
 	if (have_ksm) {
 		long sharing = ksm_get("pages_sharing");
 
+		if (sharing > ksm_sharing_max)
+			ksm_sharing_max = sharing;
 		tap_diag("ksm: pages_sharing up to %ld during the run, %ld full scans",
-			 sharing > ksm_sharing_max ? sharing : ksm_sharing_max,
-			 ksm_get("full_scans"));
+			 ksm_sharing_max, ksm_get("full_scans"));
 		ksm_end();
 	}
+	if (!op_on[OP_KSM])
+		tap_skip("ksm-merged", "ksm-merge is off: %s",
+			 op_off_why[OP_KSM][0] ? op_off_why[OP_KSM] : "not in --ops");
+	else if (op_tries[OP_KSM] < 5)
+		tap_skip("ksm-merged", "ksm-merge ran %lu times (fewer than 5)",
+			 op_tries[OP_KSM]);
+	else
+		tap_check(ksm_sharing_max > 0, "ksm-merged",
+			  "seed %llu: ksmd shared no page in %lu ksm-merge ops",
+			  seed, op_tries[OP_KSM]);
 	tap_diag("writes %lu (+%lu hit PROT_READ), harvests %lu, entries %lu, overflow scans %lu (%lu pages, %lu deferred by sync mode), resets with EAGAIN %lu, sync windows %lu, foreign entries %lu",
 		 writes, faulted, harvests, entries_seen, scans, scan_pages,
 		 scans_deferred, reset_eagain, sync_windows, foreign);
