@@ -336,6 +336,9 @@ bool uw_snap_foreign(const struct uffdwp_snapshot *s)
 void uw_snap_forget(struct uffdwp_snapshot *s)
 {
 	s->magic = 0;
+	/* The ring was not inherited (the kernel maps it VM_DONTCOPY): the
+	 * child may have mapped its own memory at that address since. */
+	s->ring = NULL;
 	release_memory(s);
 	uw_free(s, s->self_len);
 }

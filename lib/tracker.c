@@ -204,8 +204,8 @@ static void tracker_forget(struct uffdwp_tracker *t)
 		uw_segv_forget(t);
 	if (t->backend == UFFDWP_BACKEND_SOFT_DIRTY && t->registered)
 		uw_soft_dirty_release();
-	if (t->ring)
-		munmap(t->ring, t->ring_len);
+	/* The ring is not the child's: the kernel maps it VM_DONTCOPY, and
+	 * the child may have mapped its own memory at that address since. */
 	if (t->uffd >= 0)
 		close(t->uffd);
 	/* (munmap() rounds the length up to pages: the backends' two

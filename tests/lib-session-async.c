@@ -23,6 +23,9 @@
  *    block), and the block is still PMD-mapped after a write and a delta;
  *  - session-async-dirty-in-signal: uffdwp_session_dirty() called from a
  *    signal handler that interrupts it: no hang, exact counts;
+ *  - session-fork-child-ring-mapping: a fork child freeing its copies of a
+ *    session and a ring tracker leaves its own memory at the ring's
+ *    address (the ring is not inherited);
  *  - session-async-count-lock-busy, -no-pagemap, -add-file-region: the
  *    review's findings (the count without the lock after an overflow, a
  *    session that could not scan an overflow, a file mapping that async
@@ -39,6 +42,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "lib_test.h"
@@ -475,6 +479,97 @@ out:
 	munmap(p, len);
 }
 
+/* In the child: NAME's ring mapping at RING (LEN bytes) was not
+ * inherited (VM_DONTCOPY), so the child maps its own memory there; freeing
+ * the inherited handle (FREE) must leave that memory mapped.  Exit 0, 3
+ * (the address was not free: the ring was inherited), 4 (the child's
+ * memory was unmapped). */
+static void child_frees_over(void *ring, size_t len, void (*free_fn)(void *),
+			     void *handle)
+{
+	char *q = mmap(ring, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	unsigned char vec;
+
+	if (q != ring)
+		_exit(3);
+	q[0] = 42;
+	free_fn(handle);
+	if (mincore(q, (size_t)psz, &vec))
+		_exit(4);
+	_exit(q[0] == 42 ? 0 : 4);
+}
+
+static void free_session(void *h)
+{
+	uffdwp_session_free(h);
+}
+
+static void free_tracker(void *h)
+{
+	uffdwp_tracker_free(h);
+}
+
+static int child_status(void *ring, size_t len, void (*free_fn)(void *),
+			void *handle)
+{
+	pid_t pid = fork();
+	int st = -1;
+
+	if (pid == 0)
+		child_frees_over(ring, len, free_fn, handle);
+	if (pid < 0)
+		return -1;
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return st;
+}
+
+/*
+ * session-fork-child-ring-mapping: a child of fork() freeing its copy of a
+ * session and of a ring tracker touches nothing of its own memory: the
+ * ring is not inherited (VM_DONTCOPY), and the child may have mapped
+ * something else at its address.
+ */
+static void t_fork_ring(void)
+{
+	const char *name = "session-fork-child-ring-mapping";
+	size_t len = 64 * (size_t)psz;
+	char *p = mmap(NULL, 2 * len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct uffdwp_region r = { p, len }, r2 = { p + len, len };
+	struct uffdwp_session *ss = NULL;
+	struct uffdwp_tracker *t = NULL;
+	int fd = memfd_create("a", MFD_CLOEXEC), err, st_s = -1, st_t = -1;
+	uint64_t base;
+
+	if (!capable()) {
+		tap_skip(name, "kernel without UFFDIO_SET_MODE or the write-log ring");
+		goto out;
+	}
+	memset(p, 1, 2 * len);
+	err = uffdwp_session_new(&ss, &r, 1, NULL);
+	if (!err)
+		err = snap_pages(ss, fd, &base);
+	if (!err)
+		err = uffdwp_tracker_new(&t, &r2, 1, UFFDWP_BACKEND_RING);
+	if (!err && (!inside(ss)->ring || !t->ring))
+		err = -ENOENT;
+	if (!err) {
+		st_s = child_status(inside(ss)->ring, inside(ss)->ring_len,
+				    free_session, ss);
+		st_t = child_status(t->ring, t->ring_len, free_tracker, t);
+	}
+	uffdwp_tracker_free(t);
+	uffdwp_session_free(ss);
+	tap_check(!err && st_s == 0 && st_t == 0, name,
+		  "err %d; the child freeing the session: status %#x, the tracker: %#x (0: its memory at the ring's address kept; exit 3: the ring was inherited; exit 4 or a signal: unmapped)",
+		  err, st_s, st_t);
+out:
+	close(fd);
+	munmap(p, 2 * len);
+}
+
 static void t_overflow(void)
 {
 	const char *name = "session-async-ring-overflow";
@@ -656,7 +751,7 @@ int main(void)
 
 	psz = sysconf(_SC_PAGESIZE);
 	seed = s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL);
-	tap_plan(7);
+	tap_plan(8);
 	tap_diag("seed %llu", (unsigned long long)seed);
 	uffdwp_probe(&f);
 	t_between();
@@ -664,5 +759,6 @@ int main(void)
 	t_huge();
 	t_dirty_in_signal();
 	t_add_file();
+	t_fork_ring();
 	return tap_done();
 }
