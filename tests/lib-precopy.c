@@ -177,18 +177,6 @@ out:
 	close(fd);
 }
 
-static int write_sysctl(const char *path, const char *val)
-{
-	int fd = open(path, O_WRONLY | O_CLOEXEC), err = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (write(fd, val, strlen(val)) < 0)
-		err = -errno;
-	close(fd);
-	return err;
-}
-
 static void t_overflow(void)
 {
 	const char *name = "precopy-overflow";
@@ -203,13 +191,13 @@ static void t_overflow(void)
 	n = fd >= 0 ? read(fd, old, sizeof(old) - 1) : -1;
 	if (fd >= 0)
 		close(fd);
-	if (n <= 0 || (err = write_sysctl(knob, "64"))) {
+	if (n <= 0 || (err = write_knob(knob, "64"))) {
 		tap_skip(name, "cannot lower %s", knob);
 		return;
 	}
 	/* the session's ring now has 64 entries for 4096 pages */
 	t_writers(name, false, 16UL << 20);
-	err = write_sysctl(knob, old);
+	err = write_knob(knob, old);
 	if (err)
 		tap_diag("could not restore %s: %d", knob, err);
 }

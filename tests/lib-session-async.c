@@ -248,18 +248,6 @@ static void t_between(void)
 	run_rounds("session-async-between", 4096, 40, false);
 }
 
-static int write_file(const char *path, const char *val)
-{
-	int fd = open(path, O_WRONLY | O_CLOEXEC), err = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (write(fd, val, strlen(val)) < 0)
-		err = -errno;
-	close(fd);
-	return err;
-}
-
 static struct uffdwp_snapshot *inside(struct uffdwp_session *ss)
 {
 	return (struct uffdwp_snapshot *)ss;
@@ -588,7 +576,7 @@ static void t_overflow(void)
 	n = fd >= 0 ? read(fd, old, sizeof(old) - 1) : -1;
 	if (fd >= 0)
 		close(fd);
-	if (n <= 0 || write_file(knob, "64")) {
+	if (n <= 0 || write_knob(knob, "64")) {
 		tap_skip(name, "cannot lower %s (not root?)", knob);
 		tap_skip("session-async-count-lock-busy", "cannot lower %s (not root?)", knob);
 		tap_skip("session-async-no-pagemap", "cannot lower %s (not root?)", knob);
@@ -598,7 +586,7 @@ static void t_overflow(void)
 	run_rounds(name, 2048, 150, true);
 	t_count_lock_busy();
 	t_no_pagemap();
-	err = write_file(knob, old);
+	err = write_knob(knob, old);
 	if (err)
 		tap_diag("could not restore %s: %d", knob, err);
 }

@@ -674,19 +674,24 @@ bool pat_area_holds(struct pat_area *a, int i, bool written, char val)
 	return true;
 }
 
-int ksm_set(const char *name, const char *val)
+int write_knob(const char *path, const char *val)
 {
-	char path[128];
-	int fd, err = 0;
+	int fd = open(path, O_WRONLY | O_CLOEXEC), err = 0;
 
-	snprintf(path, sizeof(path), "/sys/kernel/mm/ksm/%s", name);
-	fd = open(path, O_WRONLY);
 	if (fd < 0)
 		return -errno;
 	if (write(fd, val, strlen(val)) != (ssize_t)strlen(val))
 		err = -errno;
 	close(fd);
 	return err;
+}
+
+int ksm_set(const char *name, const char *val)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "/sys/kernel/mm/ksm/%s", name);
+	return write_knob(path, val);
 }
 
 long ksm_get(const char *name)

@@ -60,11 +60,13 @@ long sys_move_pages(unsigned long count, void **pages, const int *nodes,
 /* Wait up to TIMEOUT_MS for one message: 1 got one, 0 none, -errno. */
 int uffd_read_msg(int uffd, struct uffd_msg *msg, int timeout_ms);
 
-/* The pagemap entry of ADDR in this process, or 0 with errno set. */
+/* Write VAL to the sysctl or sysfs file PATH: 0 or -errno. */
+int write_knob(const char *path, const char *val);
 /* /sys/kernel/mm/ksm/NAME: write VAL (0 or -errno); read it (-1 when it
  * cannot be read). */
 int ksm_set(const char *name, const char *val);
 long ksm_get(const char *name);
+/* The pagemap entry of ADDR in this process, or 0 with errno set. */
 uint64_t pagemap_entry(void *addr);
 /* The same through a descriptor of its own, opened and closed here: for a
  * forked child, or a signal handler (async-signal-safe). */
