@@ -147,6 +147,7 @@ static void run_rounds(const char *name, size_t pages, unsigned int permille,
 	int fds[ROUNDS + 1];
 	char why[200] = "";
 	bool async_seen = false;
+	uint64_t overflows = 0;
 	int err, round;
 
 	a.p = mmap(NULL, len, PROT_READ | PROT_WRITE,
@@ -229,9 +230,19 @@ static void run_rounds(const char *name, size_t pages, unsigned int permille,
 				 "round %d: base + deltas differ from memory",
 				 round);
 	}
+	/* The small ring must really have overflowed (the scan path ran). */
+	if (!err && small_ring) {
+		const struct uffd_ring_header *h =
+			((struct uffdwp_snapshot *)ss)->ring;
+
+		overflows = h ? __atomic_load_n(&h->overflows,
+						__ATOMIC_ACQUIRE) : 0;
+	}
 	uffdwp_session_free(ss);
-	tap_check(!err && !why[0] && async_seen == capable(), name,
-		  "err %d, %s (seed %llu)", err, why[0] ? why : "exact",
+	tap_check(!err && !why[0] && async_seen == capable() &&
+		  (!small_ring || overflows > 0), name,
+		  "err %d, %s, ring overflows %llu (seed %llu)", err,
+		  why[0] ? why : "exact", (unsigned long long)overflows,
 		  (unsigned long long)seed);
 	for (int i = 0; i <= ROUNDS; i++)
 		close(fds[i]);
